@@ -1,0 +1,80 @@
+"""The edge-case features a case exhibits, read off its structure.
+
+These names are the vocabulary shared by the generator (families aim at them), the expectations files
+(which cases a known failure covers) and the report (which corners failed). The generator leaves
+every knob an op does not use at its default, so a feature only shows up where it matters.
+"""
+
+from __future__ import annotations
+
+from .case import ODD_HIDDEN_SIZES, REAL_HIDDEN_SIZES, Case
+
+LARGE_T = 1024
+
+FEATURE_DOCS = {
+    "neg1": "rows without adapter (slot −1) mixed with adapter rows",
+    "allneg1": "every row without adapter",
+    "one_slot": "the stacks hold a single slot (−1 aliases slot 0 under negative indexing)",
+    "last_slot": "the last slot L−1 is used (L ≥ 2)",
+    "noncontig": "one adapter on non-adjacent tokens",
+    "unequal_seqs": "sequences of unequal length",
+    "len1_seq": "a sequence of length 1 among longer ones",
+    "t1": "a single token",
+    "large_t": f"at least {LARGE_T} tokens",
+    "rank_padded": "an adapter of rank below the stack's max rank (zero-padded)",
+    "rank_odd": "a rank that is not a multiple of 16",
+    "real_hidden": "a hidden size of a real model",
+    "odd_hidden": "a hidden size that is no multiple of any block size",
+    "multi_slice": "two or three output slices",
+    "unequal_slices": "output slices of unequal width",
+    "offset": "output written from a column offset > 0",
+    "wide_output": "output wider than the columns written",
+    "no_add_inputs": "add_inputs=False (overwrite instead of accumulate)",
+    "scaled": "scale ≠ 1",
+    "fp32_input": "float32 expand input rounded to a narrower weight dtype",
+    "bias": "LoRA bias",
+    "w4d": "4-D weight stacks [L, 1, rows, cols]",
+    "decode": "decode batch (one token per sequence)",
+    "positive": "all-positive values (no cancellation, large accumulations)",
+}
+
+
+def _runs(slots: tuple[int, ...]) -> list[int]:
+    runs: list[int] = []
+    for slot in slots:
+        if not runs or runs[-1] != slot:
+            runs.append(slot)
+    return runs
+
+
+def case_features(case: Case) -> frozenset[str]:
+    slots = case.token_slots
+    used = {s for s in slots if s != -1}
+    runs = [s for s in _runs(slots) if s != -1]
+    found = {
+        "neg1": -1 in slots and bool(used),
+        "allneg1": not used,
+        "one_slot": case.num_slots == 1,
+        "last_slot": case.num_slots >= 2 and case.num_slots - 1 in used,
+        "noncontig": len(runs) != len(set(runs)),
+        "unequal_seqs": len(set(case.seq_lens)) > 1,
+        "len1_seq": len(case.seq_lens) > 1 and 1 in case.seq_lens and max(case.seq_lens) > 1,
+        "t1": case.num_tokens == 1,
+        "large_t": case.num_tokens >= LARGE_T,
+        "rank_padded": any(case.adapter_ranks[s] < case.max_rank for s in used),
+        "rank_odd": any(r % 16 for r in (case.max_rank, *case.adapter_ranks)),
+        "real_hidden": case.hidden_size in REAL_HIDDEN_SIZES or case.output_width in REAL_HIDDEN_SIZES,
+        "odd_hidden": case.hidden_size in ODD_HIDDEN_SIZES or case.output_width in ODD_HIDDEN_SIZES,
+        "multi_slice": case.num_slices > 1,
+        "unequal_slices": len(set(case.output_slices)) > 1,
+        "offset": case.offset_start > 0,
+        "wide_output": case.output_width > case.offset_start + sum(case.output_slices),
+        "no_add_inputs": not case.add_inputs,
+        "scaled": case.scale != 1.0,
+        "fp32_input": case.expand_input_dtype == "float32" and case.dtype != "float32",
+        "bias": case.bias,
+        "w4d": case.weights_4d,
+        "decode": not case.is_prefill,
+        "positive": case.distribution == "positive",
+    }
+    return frozenset(name for name, present in found.items() if present)

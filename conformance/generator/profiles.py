@@ -1,0 +1,69 @@
+"""Profiles: how many cases of each op × dtype × family a run holds, and how big they may be.
+
+* ``smoke``: one random case per op × dtype × applicable family; about a minute on 2 cores.
+* ``standard`` (default): the simplest and two random cases per combination, larger sizes.
+* ``release``: ten per combination, release-size shapes (8k tokens, rank 256); shard it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from conformance.cases.case import DTYPES, Case
+from conformance.ops import OP_SPECS
+
+from .drawing import draw_examples
+from .families import families_for
+from .limits import RELEASE_LIMITS, SMOKE_LIMITS, STANDARD_LIMITS, Limits
+from .strategies import cases
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    per_combination: int
+    limits: Limits
+    include_simplest: bool  # keep Hypothesis' simplest example of each combination
+    doc: str
+
+
+PROFILES = {
+    p.name: p
+    for p in (
+        Profile("smoke", 1, SMOKE_LIMITS, False, "every op × dtype × edge-case family once"),
+        Profile("standard", 3, STANDARD_LIMITS, True, "three cases per op × dtype × family"),
+        Profile("release", 10, RELEASE_LIMITS, True, "ten cases per op × dtype × family at release sizes"),
+    )
+}
+DEFAULT_PROFILE = "standard"
+
+
+def _combination_seed(run_seed: int, *parts: str) -> int:
+    """A seed per combination that does not move when other ops or families are added."""
+    return zlib.crc32("/".join(parts).encode()) ^ run_seed
+
+
+def profile_cases(
+    profile: Profile | str,
+    run_seed: int = 0,
+    ops: tuple[str, ...] | None = None,
+    dtypes: tuple[str, ...] | None = None,
+) -> list[tuple[str, Case]]:
+    """The ``(case id, case)`` pairs of a profile, in a fixed order, ids unique."""
+    if isinstance(profile, str):
+        profile = PROFILES[profile]
+    chosen: list[tuple[str, Case]] = []
+    seen: dict[str, int] = {}
+    for op in ops or tuple(OP_SPECS):
+        spec = OP_SPECS[op]
+        for dtype in dtypes or tuple(DTYPES):
+            for family in families_for(spec):
+                strategy = cases(spec, dtype, family.name, profile.limits)
+                combination_seed = _combination_seed(run_seed, op, dtype, family.name)
+                drawn = draw_examples(strategy, profile.per_combination, combination_seed, profile.include_simplest)
+                for case in drawn:
+                    base = case.case_id
+                    seen[base] = seen.get(base, 0) + 1
+                    chosen.append((base if seen[base] == 1 else f"{base}-{seen[base]}", case))
+    return chosen

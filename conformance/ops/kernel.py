@@ -1,0 +1,134 @@
+"""The kernel-level ops (design level 1): the six classic bgmv/sgmv ops and lora_shrink/lora_expand.
+
+bgmv ops take one slot per token; sgmv ops one slot per sequence (segments); lora_* ops the
+token-sorted metadata built by ``conformance.reference.LoRAKernelMeta``. Shrink ops write a zeroed
+float32 ``[.., T, R]`` buffer; expand ops write a ``[T, W]`` output in the case dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.cases.case import Case
+from conformance.cases.values import activations, lora_a_stack, lora_b_stack
+from conformance.reference import LoRAKernelMeta
+
+from .spec import OpCall, OpSpec, Tensors, rows_and_columns, row_mask
+
+# -- values ------------------------------------------------------------------------------------
+
+
+def shrink_values(case: Case, gen: torch.Generator) -> Tensors:
+    values = {"x": activations(gen, case, (case.num_tokens, case.hidden_size), case.torch_dtype)}
+    for s in range(case.num_slices):
+        values[f"lora_a.{s}"] = lora_a_stack(gen, case)
+    values["out"] = torch.zeros(case.num_slices, case.num_tokens, case.max_rank, dtype=torch.float32)
+    return values
+
+
+def expand_values(case: Case, gen: torch.Generator) -> Tensors:
+    values = {
+        "x": activations(gen, case, (case.num_slices, case.num_tokens, case.max_rank), case.expand_input_torch_dtype)
+    }
+    for s, width in enumerate(case.output_slices):
+        values[f"lora_b.{s}"] = lora_b_stack(gen, case, width)
+    values["out"] = activations(gen, case, (case.num_tokens, case.output_width), case.torch_dtype)
+    return values
+
+
+# -- metadata on the device --------------------------------------------------------------------
+
+
+def token_indices(case: Case, device: torch.device) -> torch.Tensor:
+    return torch.tensor(case.token_slots, dtype=torch.long, device=device)
+
+
+def segment_args(case: Case, device: torch.device) -> tuple:
+    """sgmv metadata with one segment per sequence: start locations, lengths, slots, then the sizes."""
+    lengths = torch.tensor(case.seq_lens, dtype=torch.long)
+    starts = torch.cumsum(lengths, 0) - lengths
+    slots = torch.tensor(case.seq_slots, dtype=torch.long)
+    return (
+        starts.to(device),
+        lengths.to(device),
+        slots.to(device),
+        len(case.seq_lens),
+        max(case.seq_lens),
+        case.num_tokens,
+    )
+
+
+def kernel_meta_args(case: Case, device: torch.device) -> tuple:
+    return LoRAKernelMeta.build(torch.tensor(case.token_slots), case.num_slots).to(device).meta_args()
+
+
+# -- calls -------------------------------------------------------------------------------------
+
+
+def _bgmv_shrink(case: Case, t: Tensors, device) -> OpCall:
+    return OpCall((t["x"], t["lora_a.0"], t["out"][0], token_indices(case, device), case.scale), {})
+
+
+def _sgmv_shrink(case: Case, t: Tensors, device) -> OpCall:
+    return OpCall((t["x"], t["lora_a.0"], t["out"][0], *segment_args(case, device), case.scale), {})
+
+
+def _lora_shrink(case: Case, t: Tensors, device) -> OpCall:
+    stacks = [t[f"lora_a.{s}"] for s in range(case.num_slices)]
+    return OpCall((t["x"], stacks, t["out"], *kernel_meta_args(case, device), case.scale), {})
+
+
+def _bgmv_expand(case: Case, t: Tensors, device) -> OpCall:
+    return OpCall((t["x"][0], t["lora_b.0"], t["out"], token_indices(case, device), case.add_inputs), {})
+
+
+def _bgmv_expand_slice(case: Case, t: Tensors, device) -> OpCall:
+    args = (t["x"][0], t["lora_b.0"], t["out"], token_indices(case, device))
+    return OpCall((*args, case.offset_start, case.output_slices[0], case.add_inputs), {})
+
+
+def _sgmv_expand(case: Case, t: Tensors, device) -> OpCall:
+    return OpCall((t["x"][0], t["lora_b.0"], t["out"], *segment_args(case, device), case.add_inputs), {})
+
+
+def _sgmv_expand_slice(case: Case, t: Tensors, device) -> OpCall:
+    args = (t["x"][0], t["lora_b.0"], t["out"], *segment_args(case, device))
+    return OpCall((*args, case.offset_start, case.output_slices[0], case.add_inputs), {})
+
+
+def _lora_expand(case: Case, t: Tensors, device) -> OpCall:
+    stacks = [t[f"lora_b.{s}"] for s in range(case.num_slices)]
+    args = (t["x"], stacks, t["out"], *kernel_meta_args(case, device))
+    return OpCall((*args, case.offset_start, case.add_inputs), {})
+
+
+# -- written regions ---------------------------------------------------------------------------
+
+
+def shrink_written(case: Case) -> torch.Tensor:
+    rows = row_mask(case.token_slots)[None, :, None]
+    return rows.expand(case.num_slices, case.num_tokens, case.max_rank).clone()
+
+
+def expand_written(case: Case) -> torch.Tensor:
+    first = case.offset_start
+    return rows_and_columns(case.token_slots, case.output_width, first, first + sum(case.output_slices))
+
+
+def _kernel(name, summary, knobs, values, call, written, max_slices=1) -> OpSpec:
+    return OpSpec(name, "kernel", summary, frozenset(knobs), values, call, written, max_slices=max_slices)
+
+
+SHRINK_KNOBS = {"hidden", "scale"}
+EXPAND_KNOBS = {"add_inputs", "expand_input", "wide"}
+
+KERNEL_OP_SPECS = (
+    _kernel("bgmv_shrink", "per-token LoRA-A product into a float32 buffer", SHRINK_KNOBS, shrink_values, _bgmv_shrink, shrink_written),
+    _kernel("bgmv_expand", "per-token LoRA-B product into the first N columns", EXPAND_KNOBS, expand_values, _bgmv_expand, expand_written),
+    _kernel("bgmv_expand_slice", "per-token LoRA-B product into a column slice", EXPAND_KNOBS | {"offset"}, expand_values, _bgmv_expand_slice, expand_written),
+    _kernel("sgmv_shrink", "per-segment LoRA-A product into a float32 buffer", SHRINK_KNOBS, shrink_values, _sgmv_shrink, shrink_written),
+    _kernel("sgmv_expand", "per-segment LoRA-B product into the first N columns", EXPAND_KNOBS, expand_values, _sgmv_expand, expand_written),
+    _kernel("sgmv_expand_slice", "per-segment LoRA-B product into a column slice", EXPAND_KNOBS | {"offset"}, expand_values, _sgmv_expand_slice, expand_written),
+    _kernel("lora_shrink", "LoRA-A products of every slice from token-sorted metadata", SHRINK_KNOBS | {"slices"}, shrink_values, _lora_shrink, shrink_written, 3),
+    _kernel("lora_expand", "LoRA-B products of every slice side by side from token-sorted metadata", EXPAND_KNOBS | {"offset", "slices"}, expand_values, _lora_expand, expand_written, 3),
+)

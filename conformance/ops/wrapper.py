@@ -1,0 +1,145 @@
+"""The wrapper-level ops (design level 2): vLLM's PunicaWrapper methods, fed by a mapping.
+
+Before each call the runner hands the target ``update_metadata(case_mapping(case))``. Stacks are
+passed as tuples (one per slice) exactly as vLLM's LoRA layers pass them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.cases.case import Case
+from conformance.cases.values import activations, bias_stack, lora_a_stack, lora_b_stack
+from conformance.reference import LoRAMapping
+
+from .kernel import expand_values, expand_written, shrink_values, shrink_written
+from .spec import OpCall, OpSpec, Tensors, rows_and_columns
+
+
+def case_mapping(case: Case) -> LoRAMapping:
+    return LoRAMapping(
+        token_slots=case.token_slots,
+        sampled_slots=case.sampled_slots,
+        seq_lens=case.seq_lens,
+        is_prefill=case.is_prefill,
+        num_slots=case.num_slots,
+    )
+
+
+def _stacks(t: Tensors, prefix: str, count: int) -> tuple[torch.Tensor, ...]:
+    return tuple(t[f"{prefix}.{s}"] for s in range(count))
+
+
+def _bias_kwargs(case: Case, t: Tensors) -> dict:
+    return {"lora_bias_stacked": _stacks(t, "bias", case.num_slices)} if case.bias else {}
+
+
+# -- values ------------------------------------------------------------------------------------
+
+
+def expand_with_bias_values(case: Case, gen: torch.Generator) -> Tensors:
+    values = expand_values(case, gen)
+    if case.bias:
+        for s, width in enumerate(case.output_slices):
+            values[f"bias.{s}"] = bias_stack(gen, case, width)
+    return values
+
+
+def linear_values(case: Case, gen: torch.Generator) -> Tensors:
+    values = {"x": activations(gen, case, (case.num_tokens, case.hidden_size), case.torch_dtype)}
+    for s, width in enumerate(case.output_slices):
+        values[f"lora_a.{s}"] = lora_a_stack(gen, case)
+        values[f"lora_b.{s}"] = lora_b_stack(gen, case, width)
+        if case.bias:
+            values[f"bias.{s}"] = bias_stack(gen, case, width)
+    values["out"] = activations(gen, case, (case.num_tokens, case.output_width), case.torch_dtype)
+    return values
+
+
+def embedding_values(case: Case, gen: torch.Generator) -> Tensors:
+    # x holds the LoRA-A rows the embedding layer looked up per token: [T, R] in the weight dtype.
+    return {
+        "x": activations(gen, case, (case.num_tokens, case.max_rank), case.torch_dtype),
+        "lora_b.0": lora_b_stack(gen, case, case.output_width),
+        "out": activations(gen, case, (case.num_tokens, case.output_width), case.torch_dtype),
+    }
+
+
+def logits_values(case: Case, gen: torch.Generator) -> Tensors:
+    rows = len(case.sampled_slots)
+    return {
+        "x": activations(gen, case, (rows, case.hidden_size), case.torch_dtype),
+        "lora_a.0": lora_a_stack(gen, case),
+        "lora_b.0": lora_b_stack(gen, case, case.output_width),
+        "out": activations(gen, case, (rows, case.output_width), case.torch_dtype),
+    }
+
+
+# -- calls -------------------------------------------------------------------------------------
+
+
+def _add_shrink(case: Case, t: Tensors, device) -> OpCall:
+    return OpCall((t["out"], t["x"], _stacks(t, "lora_a", case.num_slices), case.scale), {})
+
+
+def _add_expand(case: Case, t: Tensors, device) -> OpCall:
+    args = (t["out"], t["x"], _stacks(t, "lora_b", case.num_slices), case.output_slices, case.offset_start, case.add_inputs)
+    return OpCall(args, _bias_kwargs(case, t))
+
+
+def _add_lora_linear(case: Case, t: Tensors, device) -> OpCall:
+    args = (
+        t["out"],
+        t["x"],
+        _stacks(t, "lora_a", case.num_slices),
+        _stacks(t, "lora_b", case.num_slices),
+        case.scale,
+        case.output_slices,
+    )
+    return OpCall(args, _bias_kwargs(case, t))
+
+
+def _add_lora_embedding(case: Case, t: Tensors, device) -> OpCall:
+    return OpCall((t["out"], t["x"], t["lora_b.0"], case.add_inputs), {})
+
+
+def _add_lora_logits(case: Case, t: Tensors, device) -> OpCall:
+    return OpCall((t["out"], t["x"], t["lora_a.0"], t["lora_b.0"], case.scale), {})
+
+
+# -- written regions ---------------------------------------------------------------------------
+
+
+def all_columns_written(case: Case) -> torch.Tensor:
+    return rows_and_columns(case.token_slots, case.output_width, 0, case.output_width)
+
+
+def logits_written(case: Case) -> torch.Tensor:
+    return rows_and_columns(case.sampled_slots, case.output_width, 0, case.output_width)
+
+
+def _wrapper(name, summary, knobs, values, call, written, max_slices=1, rows_are_sampled=False) -> OpSpec:
+    knobs = frozenset(knobs | {"prefill"})
+    return OpSpec(name, "wrapper", summary, knobs, values, call, written, max_slices=max_slices, rows_are_sampled=rows_are_sampled)
+
+
+WRAPPER_OP_SPECS = (
+    _wrapper("add_shrink", "y[s] += scale · x @ A_s[slot]ᵀ for every slice", {"hidden", "scale", "slices"}, shrink_values, _add_shrink, shrink_written, 3),
+    _wrapper(
+        "add_expand",
+        "y[:, offset_start + Σ N_j ...] (+)= x[s] @ B_s[slot]ᵀ (+ bias) for every slice",
+        {"slices", "offset", "wide", "add_inputs", "expand_input", "bias"},
+        expand_with_bias_values, _add_expand, expand_written, 3,
+    ),
+    _wrapper(
+        "add_lora_linear",
+        "y += scale · (x @ A_s[slot]ᵀ) @ B_s[slot]ᵀ (+ bias), packed slices",
+        {"hidden", "scale", "slices", "bias"},
+        linear_values, _add_lora_linear, expand_written, 3,
+    ),
+    _wrapper("add_lora_embedding", "y (+)= x @ B[slot]ᵀ for looked-up LoRA-A rows", {"add_inputs"}, embedding_values, _add_lora_embedding, all_columns_written),
+    _wrapper(
+        "add_lora_logits", "logits += scale · (h @ A[slot]ᵀ) @ B[slot]ᵀ per sampled row", {"hidden", "scale"}, logits_values, _add_lora_logits, logits_written,
+        rows_are_sampled=True,
+    ),
+)

@@ -1,0 +1,39 @@
+"""The golden reference: every Punica LoRA op in plain PyTorch, written to be read.
+
+One op per ``op_*.py`` module, spec first; the module docstring is the op's definition. Tensors are
+computed in float64 when given float64 (the oracle) and in any other dtype on request (the
+low-precision baseline: float32 accumulation, rounding where vLLM's kernels round). Rows are grouped
+by adapter; no weight is gathered per token. This package imports nothing else of the suite.
+"""
+
+from ._grouping import NO_ADAPTER, rows_per_adapter
+from ._stacks import weight_stack
+from .kernel_meta import LoRAKernelMeta
+from .mapping import LoRAMapping, SegmentMetadata
+from .op_bgmv_expand import bgmv_expand
+from .op_bgmv_expand_slice import bgmv_expand_slice
+from .op_bgmv_shrink import bgmv_shrink
+from .op_lora_expand import lora_expand
+from .op_lora_shrink import lora_shrink
+from .op_sgmv_expand import sgmv_expand
+from .op_sgmv_expand_slice import sgmv_expand_slice
+from .op_sgmv_shrink import sgmv_shrink
+from .punica_wrapper import PunicaWrapperReference
+
+__all__ = [
+    "NO_ADAPTER",
+    "LoRAKernelMeta",
+    "LoRAMapping",
+    "PunicaWrapperReference",
+    "SegmentMetadata",
+    "bgmv_expand",
+    "bgmv_expand_slice",
+    "bgmv_shrink",
+    "lora_expand",
+    "lora_shrink",
+    "rows_per_adapter",
+    "sgmv_expand",
+    "sgmv_expand_slice",
+    "sgmv_shrink",
+    "weight_stack",
+]

@@ -1,0 +1,28 @@
+"""Checks shared by the sgmv ops: their per-segment metadata must describe the inputs."""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_segments(
+    inputs: torch.Tensor,
+    b_seq_start_loc: torch.Tensor,
+    seq_len_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    batches: int,
+    max_seq_length: int,
+    token_nums: int,
+) -> None:
+    """Raise ``ValueError`` naming the inconsistent argument (vLLM's kernels assert the same)."""
+    if inputs.size(0) != token_nums:
+        raise ValueError(f"token_nums is {token_nums} but inputs have {inputs.size(0)} rows")
+    for name, tensor in (
+        ("b_seq_start_loc", b_seq_start_loc),
+        ("seq_len_tensor", seq_len_tensor),
+        ("lora_indices_tensor", lora_indices_tensor),
+    ):
+        if tensor.numel() != batches:
+            raise ValueError(f"{name} has {tensor.numel()} entries but batches is {batches}")
+    if batches and int(seq_len_tensor.max()) > max_seq_length:
+        raise ValueError(f"a segment of {int(seq_len_tensor.max())} rows exceeds max_seq_length {max_seq_length}")

@@ -1,0 +1,121 @@
+"""Running one case on one target and judging it: the loop every front end (pytest, scripts) shares.
+
+1. ``unsupported_reason`` → NOT_SUPPORTED, without touching the target's ops;
+2. the target runs the op on the case's values (on its device); an exception → BROKEN;
+3. the reference runs twice on the same values: in float64 (the oracle) and in the case dtype (the
+   baseline);
+4. ``conformance.verdict.judge`` decides PASS or FAIL, and the message names the rows and their slots.
+Expectations (known failures) are applied afterwards, by ``conformance.expectations``.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from conformance.cases.case import Case
+from conformance.cases.features import case_features
+from conformance.cases.values import generator_for
+from conformance.ops import OP_SPECS, OpSpec, case_mapping
+from conformance.targets.base import Target
+from conformance.targets.reference import ReferenceTarget
+from conformance.verdict import Measurement, Outcome, judge
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass
+class CaseResult:
+    case_id: str
+    case: Case
+    outcome: Outcome
+    message: str = ""
+    measurement: Measurement | None = None
+    features: frozenset[str] = field(default_factory=frozenset)
+    seconds: float = 0.0
+    expectation: dict | None = None  # the expectations entry that matched, if any
+
+    @property
+    def level(self) -> str:
+        return OP_SPECS[self.case.op].level
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.case_id,
+            "op": self.case.op,
+            "level": self.level,
+            "dtype": self.case.dtype,
+            "family": self.case.family,
+            "features": sorted(self.features),
+            "outcome": self.outcome.value,
+            "message": self.message,
+            "measurement": self.measurement.to_json() if self.measurement else None,
+            "seconds": round(self.seconds, 4),
+            "expectation": self.expectation,
+            "case": self.case.to_json(),
+        }
+
+
+def make_values(case: Case) -> Tensors:
+    """The case's input tensors, on the CPU, from its seed."""
+    return OP_SPECS[case.op].make_values(case, generator_for(case))
+
+
+def execute(spec: OpSpec, case: Case, values: Tensors, impl, device: torch.device) -> torch.Tensor:
+    """Run ``spec`` on copies of ``values`` moved to ``device``; return the output on the CPU."""
+    tensors = {name: value.to(device).clone() for name, value in values.items()}
+    if spec.level == "wrapper":
+        impl.update_metadata(case_mapping(case))
+    call = spec.make_call(case, tensors, device)
+    getattr(impl, spec.name)(*call.args, **call.kwargs)
+    impl.synchronize()
+    return tensors[spec.output].cpu()
+
+
+def _float64(values: Tensors) -> Tensors:
+    return {k: v.double() if v.is_floating_point() else v for k, v in values.items()}
+
+
+def describe_rows(rows: tuple[int, ...], row_slots: tuple[int, ...], limit: int = 8) -> str:
+    """"rows 3, 5 (slot −1, no adapter); row 7 (slot 2)": rows grouped by the slot they use."""
+    by_slot: dict[int, list[int]] = {}
+    for row in rows:
+        by_slot.setdefault(row_slots[row], []).append(row)
+    parts = []
+    for slot, slot_rows in sorted(by_slot.items()):
+        shown = ", ".join(map(str, slot_rows[:limit])) + (", …" if len(slot_rows) > limit else "")
+        label = "slot -1, no adapter" if slot == -1 else f"slot {slot}"
+        parts.append(f"row{'s' if len(slot_rows) > 1 else ''} {shown} ({label})")
+    return "; ".join(parts)
+
+
+def run_case(target: Target, case: Case, case_id: str | None = None, values: Tensors | None = None) -> CaseResult:
+    case_id = case_id or case.case_id
+    features = case_features(case)
+    reason = target.unsupported_reason(case)
+    if reason is not None:
+        return CaseResult(case_id, case, Outcome.NOT_SUPPORTED, reason, features=features)
+    spec = OP_SPECS[case.op]
+    values = make_values(case) if values is None else values
+    started = time.perf_counter()
+    try:
+        actual = execute(spec, case, values, target, target.device)
+    except NotImplementedError as exc:
+        return CaseResult(case_id, case, Outcome.NOT_SUPPORTED, f"{case.op} raised NotImplementedError: {exc}", features=features)
+    except Exception as exc:  # noqa: BLE001 - any crash of the target is the BROKEN outcome
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        message = f"{type(exc).__name__}: {exc} (at {frame.filename}:{frame.lineno})"
+        return CaseResult(case_id, case, Outcome.BROKEN, message, features=features, seconds=time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    cpu = torch.device("cpu")
+    oracle = execute(spec, case, _float64(values), ReferenceTarget(), cpu)
+    baseline = execute(spec, case, values, ReferenceTarget(), cpu)
+    verdict = judge(actual, oracle, baseline, values[spec.output], spec.written_mask(case))
+    if verdict.passed:
+        return CaseResult(case_id, case, Outcome.PASS, "", verdict.measurement, features, seconds)
+    row_slots = spec.row_slots(case)
+    details = [f"{p.text}: {describe_rows(p.rows, row_slots)}" if p.rows else p.text for p in verdict.problems]
+    return CaseResult(case_id, case, Outcome.FAIL, "; ".join(details), verdict.measurement, features, seconds)

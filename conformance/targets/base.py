@@ -1,0 +1,83 @@
+"""The target contract: what an implementation under test provides.
+
+A target is a plain Python class (no pytest, no reports), so a vendor can also drive it from a script:
+
+* ``name``, ``dtypes`` and ``device``: what it is, which dtypes it claims, where tensors must live;
+* ``check_available()`` (classmethod): raise :class:`TargetUnavailable` naming the missing package or
+  hardware; never fall back silently;
+* ``unsupported_reason(case)``: ``None`` when the target claims the case, else the reason it does not
+  (reported "not supported", never passed);
+* ``update_metadata(mapping)``: take a :class:`conformance.reference.LoRAMapping` (slots, not ids);
+* the wrapper methods with vLLM's names and argument order: ``add_shrink``, ``add_expand``,
+  ``add_lora_linear``, ``add_lora_embedding``, ``add_lora_logits`` (LoRA bias as the optional keyword
+  ``lora_bias_stacked``);
+* optionally the kernel ops with vLLM's names and argument order: ``bgmv_shrink``, ``bgmv_expand``,
+  ``bgmv_expand_slice``, ``sgmv_shrink``, ``sgmv_expand``, ``sgmv_expand_slice``, ``lora_shrink``,
+  ``lora_expand``;
+* ``synchronize()``: wait for the device before outputs are read.
+
+An op a target does not define is "not supported". Which ops exist is ``conformance.ops.OP_NAMES``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+if TYPE_CHECKING:
+    from conformance.cases import Case
+
+KERNEL_OPS = (
+    "bgmv_shrink",
+    "bgmv_expand",
+    "bgmv_expand_slice",
+    "sgmv_shrink",
+    "sgmv_expand",
+    "sgmv_expand_slice",
+    "lora_shrink",
+    "lora_expand",
+)
+WRAPPER_OPS = ("add_shrink", "add_expand", "add_lora_linear", "add_lora_embedding", "add_lora_logits")
+
+
+class TargetUnavailable(RuntimeError):
+    """The target cannot run here; the message says which package or hardware is missing."""
+
+
+class TargetError(LookupError):
+    """A target name or ``module:Class`` reference that does not resolve to a target."""
+
+
+class Target:
+    """Base class of every target. Subclasses define the ops they implement."""
+
+    name: ClassVar[str] = "unnamed"
+    description: ClassVar[str] = ""
+    dtypes: ClassVar[frozenset[torch.dtype]] = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
+    def __init__(self) -> None:
+        self.check_available()
+        self.device = self.default_device()
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise :class:`TargetUnavailable` with a one-line reason when the target cannot run here."""
+
+    @classmethod
+    def default_device(cls) -> torch.device:
+        return torch.device("cpu")
+
+    def implemented_ops(self) -> tuple[str, ...]:
+        return tuple(op for op in KERNEL_OPS + WRAPPER_OPS if callable(getattr(self, op, None)))
+
+    def unsupported_reason(self, case: Case) -> str | None:
+        """``None`` when the target claims ``case``; otherwise why it does not."""
+        if case.op not in self.implemented_ops():
+            return f"{self.name} does not implement {case.op}"
+        if case.torch_dtype not in self.dtypes:
+            return f"{self.name} does not support {case.dtype}"
+        return None
+
+    def synchronize(self) -> None:
+        """Wait until queued device work is done (no-op on the CPU)."""

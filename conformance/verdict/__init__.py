@@ -1,0 +1,8 @@
+"""The verdict: how a result is judged against the oracle and the low-precision baseline."""
+
+from .judge import Measurement, Problem, Verdict, judge
+from .outcome import Outcome
+from .tolerances import TOLERANCES, Tolerance, tolerance_for
+
+__all__ = ["TOLERANCES", "Measurement", "Outcome",
+    "Problem", "Tolerance", "Verdict", "judge", "tolerance_for"]

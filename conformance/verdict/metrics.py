@@ -1,0 +1,42 @@
+"""Error statistics of a result against the oracle: what the report shows for every case."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_INT_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
+
+
+def bitwise_differences(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """Bool mask of elements whose bit patterns differ (so −0 ≠ +0 and NaN payloads count)."""
+    view = _INT_VIEW[actual.dtype]
+    return actual.contiguous().view(view) != expected.contiguous().view(view)
+
+
+def ulp_of(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of ``dtype`` at each value (float64), never below the smallest normal number's."""
+    magnitude = values.abs().clamp_min(torch.finfo(dtype).tiny).to(dtype)
+    return (torch.nextafter(magnitude, torch.tensor(math.inf, dtype=dtype)) - magnitude).double()
+
+
+def max_ulp_error(actual: torch.Tensor, oracle: torch.Tensor, dtype: torch.dtype) -> float:
+    if actual.numel() == 0:
+        return 0.0
+    return float(((actual - oracle).abs() / ulp_of(oracle, dtype)).max())
+
+
+def sqnr_db(actual: torch.Tensor, oracle: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio of ``actual`` against ``oracle`` in dB (inf when exact)."""
+    noise = float(((actual - oracle) ** 2).sum())
+    signal = float((oracle**2).sum())
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+def max_abs_error(actual: torch.Tensor, oracle: torch.Tensor) -> float:
+    return float((actual - oracle).abs().max()) if actual.numel() else 0.0
