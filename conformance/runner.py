@@ -36,7 +36,10 @@ class CaseResult:
     measurement: Measurement | None = None
     features: frozenset[str] = field(default_factory=frozenset)
     seconds: float = 0.0
+    failing_slots: tuple[int, ...] = ()  # the slots of the output rows where a problem shows
     expectation: dict | None = None  # the expectations entry that matched, if any
+    replay: str | None = None  # the replay file written for this case, if any
+    repro: str | None = None  # the one-line command that reruns it
 
     @property
     def level(self) -> str:
@@ -54,7 +57,10 @@ class CaseResult:
             "message": self.message,
             "measurement": self.measurement.to_json() if self.measurement else None,
             "seconds": round(self.seconds, 4),
+            "failing_slots": list(self.failing_slots),
             "expectation": self.expectation,
+            "replay": self.replay,
+            "repro": self.repro,
             "case": self.case.to_json(),
         }
 
@@ -118,4 +124,19 @@ def run_case(target: Target, case: Case, case_id: str | None = None, values: Ten
         return CaseResult(case_id, case, Outcome.PASS, "", verdict.measurement, features, seconds)
     row_slots = spec.row_slots(case)
     details = [f"{p.text}: {describe_rows(p.rows, row_slots)}" if p.rows else p.text for p in verdict.problems]
-    return CaseResult(case_id, case, Outcome.FAIL, "; ".join(details), verdict.measurement, features, seconds)
+    failing_slots = tuple(sorted({row_slots[row] for p in verdict.problems for row in p.rows}))
+    return CaseResult(case_id, case, Outcome.FAIL, "; ".join(details), verdict.measurement, features, seconds, failing_slots)
+
+
+def check_values(case: Case, values: Tensors) -> None:
+    """Raise ``ValueError`` naming the tensor when ``values`` (e.g. from a replay) do not fit ``case``."""
+    expected = make_values(case)
+    missing, unexpected = sorted(set(expected) - set(values)), sorted(set(values) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"tensors do not fit the case: missing {missing}, unexpected {unexpected}")
+    for name, tensor in expected.items():
+        got = values[name]
+        if got.shape != tensor.shape or got.dtype != tensor.dtype:
+            raise ValueError(
+                f"tensor {name!r} is {tuple(got.shape)} {got.dtype}, the case needs {tuple(tensor.shape)} {tensor.dtype}"
+            )

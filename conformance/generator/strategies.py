@@ -28,7 +28,8 @@ def _sequence_lengths(draw, family: str, limits: Limits, small: bool) -> tuple[i
     if family == "large_t":
         low, high = limits.large_t
         count = draw(st.integers(1, 4))
-        lens = draw(st.lists(st.integers(low // count, high // count), min_size=count, max_size=count))
+        # Round the per-sequence floor up: 3 × (1024 // 3) = 1023 tokens would miss ``large_t``.
+        lens = draw(st.lists(st.integers(-(-low // count), high // count), min_size=count, max_size=count))
         return tuple(lens)
     min_seqs = {"neg1": 2, "neg1_one_slot": 2, "noncontig": 3, "unequal_seqs": 2}.get(family, 1)
     lens = draw(st.lists(st.integers(1, max_len), min_size=min_seqs, max_size=max(min_seqs, limits.max_seqs)))
@@ -50,6 +51,9 @@ def _sequence_slots(draw, family: str, num_seqs: int, num_slots: int) -> tuple[i
         slots[i] = -1
         if slots[j] == -1:
             slots[j] = draw(st.integers(0, num_slots - 1))
+    elif family == "rank_padded" and all(s == -1 for s in slots):
+        # A padded rank only matters on a row that reads it: make one sequence use an adapter.
+        slots[draw(st.integers(0, num_seqs - 1))] = draw(st.integers(0, num_slots - 1))
     elif family == "last_slot":
         slots[draw(st.integers(0, num_seqs - 1))] = num_slots - 1
     elif family == "noncontig":
@@ -87,7 +91,8 @@ def _feature_size(draw, family: str, default_max: int) -> int:
 
 
 def _slices(draw, spec: OpSpec, family: str, limits: Limits, big_width: bool) -> tuple[int, ...]:
-    if "slices" not in spec.knobs:
+    if "slices" not in spec.knobs or big_width:
+        # A sized family's width must be the whole output width, or the size is lost in the sum.
         count = 1
     elif family == "slices":
         count = draw(st.integers(2, spec.max_slices))

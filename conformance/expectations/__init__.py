@@ -1,0 +1,163 @@
+"""Known failures, per target, kept as data: which cases, why, where upstream tracks it, until when.
+
+An expectations file is TOML with one ``[[known_failure]]`` table per entry::
+
+    [[known_failure]]
+    id = "vllm-cpu-no-adapter-rows"            # short, unique
+    reason = "…"                                # why it fails, one sentence
+    upstream = ["https://github.com/…/pull/48421"]
+    expires = 2027-06-30                        # after this date the entry no longer applies
+    ops = ["bgmv_*", "sgmv_*"]                  # fnmatch patterns (default: every op)
+    dtypes = ["bfloat16"]                       # optional
+    features_all = ["decode"]                   # the case shows all of these (conformance.cases.features)
+    features_any = ["neg1", "allneg1"]          # … at least one of these
+    features_none = []                          # … none of these
+    failing_rows = "no-adapter"                 # optional symptom: every failing row has slot −1
+
+Matching is strict in both directions: a matched case that fails outside the stated symptom stays a
+failure, and a matched case that passes is an *unexpected pass*, which fails the gate so that the
+list never outlives the bug. Shipped files live beside this module as ``<target>.toml``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fnmatch
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from conformance.cases.features import FEATURE_DOCS
+from conformance.verdict import Outcome
+
+SHIPPED_DIR = Path(__file__).parent
+SYMPTOMS = {"no-adapter": "every failing row uses no adapter (slot −1)"}
+_FIELDS = {
+    "id", "reason", "upstream", "expires", "ops", "dtypes",
+    "features_all", "features_any", "features_none", "failing_rows",
+}
+
+
+@dataclass(frozen=True)
+class KnownFailure:
+    id: str
+    reason: str
+    upstream: tuple[str, ...]
+    expires: _dt.date
+    ops: tuple[str, ...] = ("*",)
+    dtypes: tuple[str, ...] | None = None
+    features_all: frozenset[str] = frozenset()
+    features_any: frozenset[str] = frozenset()
+    features_none: frozenset[str] = frozenset()
+    failing_rows: str | None = None
+
+    def matches(self, op: str, dtype: str, features: frozenset[str]) -> bool:
+        return (
+            any(fnmatch.fnmatchcase(op, pattern) for pattern in self.ops)
+            and (self.dtypes is None or dtype in self.dtypes)
+            and self.features_all <= features
+            and (not self.features_any or bool(self.features_any & features))
+            and not (self.features_none & features)
+        )
+
+    def covers_symptom(self, failing_slots: tuple[int, ...]) -> bool:
+        if self.failing_rows == "no-adapter":
+            return bool(failing_slots) and set(failing_slots) == {-1}
+        return True
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "reason": self.reason, "upstream": list(self.upstream), "expires": self.expires.isoformat()}
+
+
+def _entry(raw: dict, where: str) -> KnownFailure:
+    def fail(message: str) -> ValueError:
+        return ValueError(f"{where}: {message}")
+
+    unknown = sorted(set(raw) - _FIELDS)
+    if unknown:
+        raise fail(f"unknown field(s) {unknown}; allowed: {sorted(_FIELDS)}")
+    for required in ("id", "reason", "upstream", "expires"):
+        if required not in raw:
+            raise fail(f"missing required field {required!r}")
+    expires = raw["expires"]
+    if isinstance(expires, str):
+        try:
+            expires = _dt.date.fromisoformat(expires)
+        except ValueError:
+            raise fail(f"field 'expires' must be a date like 2027-06-30, got {raw['expires']!r}") from None
+    if not isinstance(expires, _dt.date):
+        raise fail(f"field 'expires' must be a date like 2027-06-30, got {raw['expires']!r}")
+    upstream = raw["upstream"]
+    if isinstance(upstream, str):
+        upstream = [upstream]
+    if not upstream:
+        raise fail("field 'upstream' must name at least one issue or pull request")
+    features = {}
+    for name in ("features_all", "features_any", "features_none"):
+        values = frozenset(raw.get(name, ()))
+        unknown_features = sorted(values - set(FEATURE_DOCS))
+        if unknown_features:
+            raise fail(f"field {name!r} names unknown feature(s) {unknown_features}; known: {sorted(FEATURE_DOCS)}")
+        features[name] = values
+    failing_rows = raw.get("failing_rows")
+    if failing_rows is not None and failing_rows not in SYMPTOMS:
+        raise fail(f"field 'failing_rows' must be one of {sorted(SYMPTOMS)}, got {failing_rows!r}")
+    dtypes = raw.get("dtypes")
+    return KnownFailure(
+        id=str(raw["id"]),
+        reason=str(raw["reason"]),
+        upstream=tuple(upstream),
+        expires=expires,
+        ops=tuple(raw.get("ops", ("*",))),
+        dtypes=tuple(dtypes) if dtypes is not None else None,
+        failing_rows=failing_rows,
+        **features,
+    )
+
+
+def load_expectations(path: str | Path) -> tuple[KnownFailure, ...]:
+    """Parse an expectations file; a malformed one raises ``ValueError`` naming the entry and field."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"expectations file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"expectations file {path} is not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - {"known_failure"})
+    if unknown:
+        raise ValueError(f"{path}: unknown top-level key(s) {unknown}; entries go in [[known_failure]] tables")
+    entries = tuple(_entry(raw, f"{path} entry {i + 1}") for i, raw in enumerate(data.get("known_failure", ())))
+    ids = [e.id for e in entries]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ValueError(f"{path}: duplicate entry id(s) {duplicates}")
+    return entries
+
+
+def shipped_expectations(target_name: str) -> Path | None:
+    """The expectations file the suite ships for a built-in target, if any."""
+    path = SHIPPED_DIR / f"{target_name}.toml"
+    return path if path.is_file() else None
+
+
+def apply_expectations(result, entries: tuple[KnownFailure, ...], today: _dt.date):
+    """The result with its outcome adjusted by the first matching, unexpired entry."""
+    matching = [e for e in entries if e.matches(result.case.op, result.case.dtype, result.features)]
+    live = [e for e in matching if e.expires >= today]
+    expired = [e for e in matching if e.expires < today]
+    if not live:
+        if expired and result.outcome is Outcome.FAIL:
+            note = f" (known failure {expired[0].id} expired on {expired[0].expires}: re-check and renew or remove it)"
+            return replace(result, message=result.message + note)
+        return result
+    entry = live[0]
+    if result.outcome is Outcome.FAIL and entry.covers_symptom(result.failing_slots):
+        return replace(result, outcome=Outcome.KNOWN_FAILURE, expectation=entry.to_json())
+    if result.outcome is Outcome.FAIL:
+        note = f" (not covered by known failure {entry.id}: {SYMPTOMS[entry.failing_rows]} is not what failed)"
+        return replace(result, message=result.message + note)
+    if result.outcome is Outcome.PASS:
+        message = f"expected to fail ({entry.id}: {entry.reason}) but passed: narrow or remove the entry"
+        return replace(result, outcome=Outcome.UNEXPECTED_PASS, message=message, expectation=entry.to_json())
+    return result
