@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conformance import hypothesis_profile
 from conformance.cases.replay import read_replay, write_replay
@@ -45,6 +46,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--seed", type=int, default=0, help="run seed: another seed draws other cases (default: 0)")
     group.addoption("--replay", metavar="PATH", help="rerun the single case frozen in this replay file")
     group.addoption("--report-dir", metavar="DIR", help="where results and replays go (default: reports/<target>)")
+    group.addoption(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="CPU threads torch may use per process (default 1: cases are small, and spinning threads of "
+        "several workers on few cores slow everything down)",
+    )
     group.addoption(
         "--expectations",
         metavar="FILE|none",
@@ -147,6 +155,7 @@ _RUN_KEY = pytest.StashKey[ConformanceRun]()
 
 def pytest_configure(config: pytest.Config) -> None:
     hypothesis_profile.load()
+    torch.set_num_threads(config.option.torch_threads)
     config.addinivalue_line("markers", "kernel: a kernel-level op case (design level 1)")
     config.addinivalue_line("markers", "wrapper: a PunicaWrapper-level op case (design level 2)")
     run = ConformanceRun(config)

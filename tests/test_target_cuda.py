@@ -24,7 +24,9 @@ from conformance.runner import run_case
 from conformance.targets import TargetUnavailable, load, resolve
 from conformance.verdict import Outcome
 
-CUDA_OPS = ("lora_shrink", "lora_expand", "add_shrink", "add_expand", "add_lora_linear", "add_lora_embedding", "add_lora_logits")
+CUDA_OPS = (
+    "lora_shrink", "lora_expand", "add_shrink", "add_expand", "add_lora_linear", "add_lora_embedding", "add_lora_logits"
+)
 no_cuda = not torch.cuda.is_available()
 
 
@@ -287,7 +289,7 @@ def test_emulated_target_declares_bias_and_float32_not_supported(emulated_cuda_t
 # -- on a GPU ----------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(no_cuda, reason="torch.cuda.is_available() is False: no CUDA device, the cuda target cannot run here")
+@pytest.mark.skipif(no_cuda, reason="torch.cuda.is_available() is False: no CUDA device, cuda target cannot run")
 def test_cuda_smoke_cases_are_not_broken(smoke_cases):
     target = load("cuda")
     results = [run_case(target, case, case_id) for case_id, case in smoke_cases]

