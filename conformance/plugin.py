@@ -29,6 +29,7 @@ from conformance.gate import gate_verdict, summarize
 from conformance.generator import DEFAULT_PROFILE, PROFILES, profile_cases
 from conformance.ops import OP_SPECS
 from conformance.runner import CaseResult, check_values, make_values, run_case
+from conformance.shrinking import shrink_failure
 from conformance.targets import TargetError, TargetUnavailable, known_targets, load
 from conformance.verdict import Outcome
 
@@ -46,6 +47,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--seed", type=int, default=0, help="run seed: another seed draws other cases (default: 0)")
     group.addoption("--replay", metavar="PATH", help="rerun the single case frozen in this replay file")
     group.addoption("--report-dir", metavar="DIR", help="where results and replays go (default: reports/<target>)")
+    group.addoption(
+        "--shrink",
+        action="store_true",
+        help="for every failing case, also search for the smallest case that fails the same way and "
+        "write its replay (<id>.shrunk.json)",
+    )
     group.addoption(
         "--torch-threads",
         type=int,
@@ -86,6 +93,7 @@ class ConformanceRun:
         except (TargetError, TargetUnavailable) as exc:
             raise pytest.UsageError(str(exc).splitlines()[0]) from None
         self.profile = option.profile
+        self.shrink = option.shrink
         self.seed = option.seed
         self.report_dir = Path(option.report_dir or Path("reports") / self.target_name.replace(":", "_").replace("/", "_"))
         self.expectations_path = self._expectations_path(option.expectations)
@@ -130,8 +138,27 @@ class ConformanceRun:
             )
             result.replay = str(path)
             result.repro = self.repro_command(path)
+            if self.shrink and result.outcome is not Outcome.KNOWN_FAILURE:
+                self.add_shrunk_case(result)
         self.record(result)
         return result
+
+    def add_shrunk_case(self, result: CaseResult) -> None:
+        smallest = shrink_failure(self.target, result, PROFILES[self.profile].limits)
+        if smallest is None:
+            result.message += " (shrinking found no smaller case failing the same way)"
+            return
+        path = write_replay(
+            self.report_dir / "replays",
+            f"{result.case_id}.shrunk",
+            smallest,
+            make_values(smallest),
+            target=self.target_name,
+            shrunk_from=result.case_id,
+            suite_version=SUITE_VERSION,
+        )
+        shape = f"{len(smallest.seq_lens)} sequences, {smallest.num_tokens} tokens, {smallest.num_slots} slots, rank {smallest.max_rank}"
+        result.repro = f"{result.repro}\nshrunk ({shape}): {self.repro_command(path)}"
 
     def record(self, result: CaseResult) -> None:
         self.results_path.parent.mkdir(parents=True, exist_ok=True)

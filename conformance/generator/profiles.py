@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from conformance.cases.case import DTYPES, Case
 from conformance.ops import OP_SPECS
 
+from .cache import cached_cases
 from .drawing import draw_examples
 from .families import families_for
 from .limits import RELEASE_LIMITS, SMOKE_LIMITS, STANDARD_LIMITS, Limits
@@ -53,6 +54,11 @@ def profile_cases(
     """The ``(case id, case)`` pairs of a profile, in a fixed order, ids unique."""
     if isinstance(profile, str):
         profile = PROFILES[profile]
+    key = {"profile": profile.name, "seed": run_seed, "ops": ops, "dtypes": dtypes}
+    return cached_cases(key, lambda: _draw_profile(profile, run_seed, ops, dtypes))
+
+
+def _draw_profile(profile: Profile, run_seed: int, ops, dtypes) -> list[tuple[str, Case]]:
     chosen: list[tuple[str, Case]] = []
     seen: dict[str, int] = {}
     for op in ops or tuple(OP_SPECS):

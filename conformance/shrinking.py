@@ -1,0 +1,55 @@
+"""Shrinking a failure to the smallest case that still fails the same way.
+
+The profile's cases are drawn by Hypothesis, so Hypothesis can also search the same op × dtype ×
+family space for a failing case and shrink it: fewer sequences, fewer slots, lower ranks, smaller
+sizes, seed 0. "The same way" means the same outcome and the same kind of problem (wrote outside its
+region / NaN or Inf / over budget), and for a failure confined to rows without adapter, still confined
+to them. The result is a case a kernel author can read in full.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, Phase, given, settings
+
+from conformance.cases.case import Case
+from conformance.generator.limits import Limits
+from conformance.generator.strategies import cases
+from conformance.ops import OP_SPECS
+from conformance.runner import CaseResult, run_case
+from conformance.targets.base import Target
+
+PROBLEM_KINDS = ("must leave untouched", "NaN/Inf", "exceeds", "raised")
+
+
+def failure_signature(result: CaseResult) -> tuple:
+    """What makes two failures "the same": outcome, kinds of problem, confined to no-adapter rows."""
+    kinds = tuple(kind for kind in PROBLEM_KINDS if kind in result.message)
+    return result.outcome, kinds, set(result.failing_slots) == {-1}
+
+
+def shrink_failure(target: Target, failing: CaseResult, limits: Limits, max_examples: int = 300) -> Case | None:
+    """The smallest case of ``failing``'s op, dtype and family that fails like it, or None."""
+    wanted = failure_signature(failing)
+    strategy = cases(OP_SPECS[failing.case.op], failing.case.dtype, failing.case.family, limits)
+    smallest: list[Case] = []
+
+    @settings(
+        max_examples=max_examples,
+        phases=[Phase.generate, Phase.shrink],
+        database=None,
+        derandomize=True,
+        deadline=None,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def fails_the_same_way(case: Case) -> None:
+        if failure_signature(run_case(target, case)) == wanted:
+            smallest.append(case)
+            raise AssertionError("fails the same way")
+
+    try:
+        fails_the_same_way()
+    except AssertionError:
+        pass
+    return smallest[-1] if smallest else None  # Hypothesis replays the shrunk example last
