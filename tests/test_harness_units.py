@@ -1,0 +1,177 @@
+"""Units of the harness that the command-line tests only reach indirectly."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+import torch
+
+from conformance.cases.replay import read_replay, write_replay
+from conformance.expectations import KnownFailure, apply_expectations, load_expectations, shipped_expectations
+from conformance.gate import gate_verdict
+from conformance.generator import profile_cases
+from conformance.generator import cache as profile_cache
+from conformance.runner import CaseResult, check_values, make_values
+from conformance.verdict import Outcome, judge
+
+TODAY = dt.date(2026, 11, 30)
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    return profile_cases("smoke")
+
+
+def _result(case, outcome, failing_slots=(), features=frozenset({"neg1"})):
+    return CaseResult(case.case_id, case, outcome, "m", features=features, failing_slots=failing_slots)
+
+
+def _entry(**fields) -> KnownFailure:
+    base = dict(id="e", reason="r", upstream=("u",), expires=dt.date(2027, 1, 1), features_any=frozenset({"neg1"}))
+    return KnownFailure(**{**base, **fields})
+
+
+class TestExpectations:
+    def test_a_matching_failure_becomes_known(self, smoke):
+        case = smoke[0][1]
+        result = apply_expectations(_result(case, Outcome.FAIL, (-1,)), (_entry(failing_rows="no-adapter"),), TODAY)
+        assert result.outcome is Outcome.KNOWN_FAILURE and result.expectation["id"] == "e"
+
+    def test_a_failure_outside_the_symptom_stays_a_failure(self, smoke):
+        case = smoke[0][1]
+        result = apply_expectations(_result(case, Outcome.FAIL, (-1, 2)), (_entry(failing_rows="no-adapter"),), TODAY)
+        assert result.outcome is Outcome.FAIL and "not covered by known failure e" in result.message
+
+    def test_a_matching_pass_is_unexpected(self, smoke):
+        case = smoke[0][1]
+        assert apply_expectations(_result(case, Outcome.PASS), (_entry(),), TODAY).outcome is Outcome.UNEXPECTED_PASS
+
+    def test_an_expired_entry_no_longer_applies(self, smoke):
+        case = smoke[0][1]
+        entry = _entry(expires=dt.date(2026, 1, 1))
+        result = apply_expectations(_result(case, Outcome.FAIL, (-1,)), (entry,), TODAY)
+        assert result.outcome is Outcome.FAIL and "expired on 2026-01-01" in result.message
+
+    def test_features_must_all_hold(self, smoke):
+        case = smoke[0][1]
+        entry = _entry(features_all=frozenset({"neg1", "decode"}))
+        assert apply_expectations(_result(case, Outcome.FAIL, (-1,)), (entry,), TODAY).outcome is Outcome.FAIL
+
+    def test_the_shipped_cpu_file_parses_and_cites_upstream(self):
+        entries = load_expectations(shipped_expectations("cpu"))
+        assert entries and all(any("48421" in u for u in e.upstream) for e in entries)
+
+    @pytest.mark.parametrize(
+        ("text", "named"),
+        [
+            ('[[known_failure]]\nid = "x"\nreason = "r"\nupstream = ["u"]\n', "'expires'"),
+            ('[[known_failure]]\nid = "x"\nreason = "r"\nupstream = []\nexpires = 2027-01-01\n', "'upstream'"),
+            ('[[known_failure]]\nid = "x"\nreason = "r"\nupstream = ["u"]\nexpires = 2027-01-01\nfeatures_any = ["nope"]\n', "'features_any'"),
+            ('[[known_failure]]\nid = "x"\nreason = "r"\nupstream = ["u"]\nexpires = 2027-01-01\ncolour = 1\n', "colour"),
+            ("[entry]\n", "unknown top-level"),
+        ],
+    )
+    def test_malformed_files_name_the_field(self, tmp_path, text, named):
+        path = tmp_path / "e.toml"
+        path.write_text(text)
+        with pytest.raises(ValueError, match=named):
+            load_expectations(path)
+
+
+class TestReplay:
+    def test_round_trip_keeps_structure_and_values(self, tmp_path, smoke):
+        case_id, case = smoke[5]
+        values = make_values(case)
+        path = write_replay(tmp_path, case_id, case, values, target="reference")
+        read_id, read_case, read_values, document = read_replay(path)
+        assert (read_id, read_case, document["target"]) == (case_id, case, "reference")
+        assert values.keys() == read_values.keys()
+        assert all(torch.equal(values[k], read_values[k]) for k in values)
+        check_values(read_case, read_values)
+
+    def test_values_that_do_not_fit_the_case_are_named(self, smoke):
+        case = smoke[5][1]
+        values = make_values(case)
+        values["x"] = values["x"][:, :1]
+        with pytest.raises(ValueError, match="tensor 'x'"):
+            check_values(case, values)
+
+    def test_an_unknown_case_field_is_named(self, tmp_path, smoke):
+        case_id, case = smoke[5]
+        path = write_replay(tmp_path, case_id, case, make_values(case))
+        path.write_text(path.read_text().replace('"seed"', '"sead"'))
+        with pytest.raises(ValueError, match="sead"):
+            read_replay(path)
+
+
+class TestJudge:
+    def _tensors(self):
+        oracle = torch.linspace(-1, 1, 12, dtype=torch.float64).reshape(3, 4)
+        initial = torch.zeros(3, 4, dtype=torch.bfloat16)
+        written = torch.tensor([True, False, True])[:, None].expand(3, 4).clone()
+        actual = torch.where(written, oracle, 0.0).to(torch.bfloat16)
+        return actual, oracle, actual.clone(), initial, written
+
+    def test_the_baseline_itself_passes(self):
+        assert judge(*self._tensors()).passed
+
+    def test_a_write_outside_the_region_is_named_by_row(self):
+        actual, oracle, baseline, initial, written = self._tensors()
+        actual[1, 2] = 1.0
+        verdict = judge(actual, oracle, baseline, initial, written)
+        assert not verdict.passed and verdict.problems[0].rows == (1,)
+
+    def test_a_negative_zero_outside_the_region_counts_as_a_write(self):
+        actual, oracle, baseline, initial, written = self._tensors()
+        actual[1, 0] = -0.0
+        assert not judge(actual, oracle, baseline, initial, written).passed
+
+    def test_nan_where_the_oracle_is_finite_fails(self):
+        actual, oracle, baseline, initial, written = self._tensors()
+        actual[2, 3] = float("nan")
+        verdict = judge(actual, oracle, baseline, initial, written)
+        assert [p.rows for p in verdict.problems] == [(2,)]
+
+    def test_error_beyond_the_budget_fails(self):
+        actual, oracle, baseline, initial, written = self._tensors()
+        actual[0, 0] += 0.1
+        verdict = judge(actual, oracle, baseline, initial, written)
+        assert not verdict.passed and verdict.measurement.budget_ratio > 1
+
+
+class TestGate:
+    def test_no_case_ran(self):
+        gate = gate_verdict([{"outcome": "not supported", "op": "a", "dtype": "float16"}])
+        assert not gate["passed"] and "no case ran" in gate["reasons"]
+
+    def test_known_failures_and_not_supported_are_accepted(self):
+        results = [
+            {"outcome": "pass"},
+            {"outcome": "not supported"},
+            {"outcome": "known failure", "expectation": {"id": "e", "upstream": ["u"], "reason": "r", "expires": "2027-01-01"}},
+        ]
+        gate = gate_verdict(results)
+        assert gate["passed"] and gate["known_failures"][0]["cases"] == 1
+
+    @pytest.mark.parametrize("outcome", ["fail", "broken", "unexpected pass"])
+    def test_rejected_outcomes(self, outcome):
+        assert not gate_verdict([{"outcome": "pass"}, {"outcome": outcome}])["passed"]
+
+    def test_a_crashed_or_interrupted_session_fails(self):
+        assert not gate_verdict([{"outcome": "pass"}], pytest_exitstatus=2)["passed"]
+
+
+def test_the_profile_cache_returns_what_was_drawn(tmp_path, monkeypatch):
+    monkeypatch.setenv("LORA_CONFORMANCE_CACHE", str(tmp_path))
+    draws = []
+
+    def draw():
+        draws.append(1)
+        return profile_cases("smoke", ops=("bgmv_shrink",), dtypes=("float16",))
+
+    key = {"probe": 1}
+    first = profile_cache.cached_cases(key, draw)
+    second = profile_cache.cached_cases(key, draw)
+    assert first == second and len(draws) == 1
+    assert profile_cache.cached_cases({"probe": 2}, draw) == first and len(draws) == 2
