@@ -137,3 +137,13 @@ class TestVllmCpu:
         upstream = {u for entry in gate["known_failures"] for u in entry["upstream"]}
         assert "https://github.com/vllm-project/vllm/pull/48421" in upstream
         assert "48421" in completed.stdout and "49656" in completed.stdout
+
+
+def test_the_target_listing_says_what_can_run_here():
+    completed = subprocess.run(
+        [sys.executable, "-m", "conformance.targets", "list"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert completed.returncode == 0
+    lines = completed.stdout.splitlines()
+    assert any(line.startswith("reference") and "usable" in line for line in lines)
+    assert any(line.startswith("cpu") for line in lines) and any(line.startswith("cuda") for line in lines)
