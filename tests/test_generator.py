@@ -6,13 +6,19 @@ feature; that the ``random`` family mixes the knobs at useful rates; that the st
 the sizes and flags vLLM's own tests miss (shared/notes/vllm-lora-ops.md §7, "Not covered"); that
 drawing is deterministic; and that a case survives its JSON round trip.
 
-Drawing a profile costs seconds, so each profile is drawn once per module.
+Drawing a profile costs seconds, so each profile is drawn once per module (``profile_cases`` may
+serve it from its disk cache, keyed by the generator's source); the determinism tests turn the cache
+off, since with it any two calls would agree.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +27,9 @@ from conformance.cases.features import LARGE_T
 from conformance.generator import FAMILIES, PROFILES, cases, draw_examples, families_for, profile_cases
 from conformance.ops import OP_SPECS
 from conformance.ops.kernel import shrink_written
+
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +59,13 @@ def test_every_applicable_family_is_drawn_for_every_op_and_dtype(profile):
         (op, dtype, family.name)
         for op, spec in OP_SPECS.items()
         for dtype in DTYPES
-        for family in families_for(spec)
+        for family in families_for(spec, dtype)
         if not drawn[op, dtype, family.name]
     ]
     assert not missing
-    # … and nothing else: a family is only drawn for the ops it applies to.
-    strays = [(c.op, c.family) for _, c in profile if FAMILIES[c.family] not in families_for(OP_SPECS[c.op])]
+    # … and nothing else: a family that needs a knob (bias, offset …) is never drawn for an op that
+    # does not read that knob, where its cases would silently be plain random ones.
+    strays = {(c.op, c.family) for _, c in profile if not FAMILIES[c.family].needs_knobs <= OP_SPECS[c.op].knobs}
     assert not strays
 
 
@@ -66,8 +76,6 @@ SHRINK_BUFFER_OPS = frozenset(op for op, spec in OP_SPECS.items() if spec.writte
 def expected_feature(case: Case) -> str | None:
     """The feature a case of its family must show, or None where the op cannot express it."""
     feature = FAMILIES[case.family].feature
-    if feature == "fp32_input" and case.dtype == "float32":
-        return None  # a float32 input is no wider than float32 weights: nothing to round
     if feature == "unequal_slices" and case.op in SHRINK_BUFFER_OPS:
         # These ops read the slice count, never the slice widths, so the family shows as several slices.
         return "multi_slice"
@@ -184,12 +192,34 @@ def test_profile_ids_are_unique(profile):
     assert len(ids) == len(set(ids))
 
 
-def test_profile_drawing_is_deterministic(standard):
-    # A second draw of some ops must give the very same cases and ids; drawing fewer ops must not
-    # move the others (each op × dtype × family has its own seed).
-    ops, dtypes = ("sgmv_expand_slice", "add_lora_logits"), ("bfloat16",)
-    again = profile_cases("standard", ops=ops, dtypes=dtypes)
-    assert again == [(case_id, case) for case_id, case in standard if case.op in ops and case.dtype in dtypes]
+@pytest.fixture
+def no_profile_cache(monkeypatch):
+    """Draw for real: with the disk cache of drawn profiles any two calls would agree."""
+    monkeypatch.setenv("LORA_CONFORMANCE_CACHE", "off")
+
+
+SUBSET = {"ops": ("sgmv_expand_slice", "add_lora_logits"), "dtypes": ("bfloat16",)}
+
+
+def test_profile_drawing_is_deterministic(standard, no_profile_cache):
+    first = profile_cases("standard", **SUBSET)
+    assert first == profile_cases("standard", **SUBSET)
+    # Drawing fewer ops or dtypes must not move the others: each op × dtype × family has its own seed.
+    assert first == [(i, c) for i, c in standard if c.op in SUBSET["ops"] and c.dtype in SUBSET["dtypes"]]
+
+
+def test_profile_drawing_does_not_depend_on_the_process(no_profile_cache):
+    # Every xdist worker draws the profile itself: another interpreter, with another hash seed, must
+    # collect the very same cases.
+    script = (
+        "import json; from conformance.generator import profile_cases; "
+        f"print(json.dumps([(i, c.to_json()) for i, c in profile_cases('standard', **{SUBSET!r})]))"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "4242", "LORA_CONFORMANCE_CACHE": "off"}
+    run = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, check=True)
+    elsewhere = json.loads(run.stdout.splitlines()[-1])
+    here = json.loads(json.dumps([(i, c.to_json()) for i, c in profile_cases("standard", **SUBSET)]))
+    assert elsewhere == here
 
 
 def test_another_run_seed_draws_other_cases():

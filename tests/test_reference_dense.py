@@ -111,8 +111,14 @@ def maybe_4d(stack: torch.Tensor, four_d: bool) -> torch.Tensor:
     return stack.unsqueeze(1) if four_d else stack
 
 
+SEEDS = st.integers(0, 2**32 - 1)  # values come from a torch.Generator seeded with one of these
+SLICE_WIDTHS = st.lists(st.integers(1, 4), min_size=1, max_size=3)  # N_s of 1–3 slices, unequal allowed
+
+
 @dataclass
 class Sizes:
+    """One problem's structure: L slots, rank R, T tokens and their slots (−1 included), values, layout."""
+
     num_slots: int
     rank: int
     tokens: int
@@ -131,7 +137,7 @@ def sizes(draw, max_tokens: int = 7) -> Sizes:
         rank=draw(st.integers(1, 4)),
         tokens=tokens,
         slots=torch.tensor(token_slots, dtype=torch.long),
-        gen=torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1))),
+        gen=torch.Generator().manual_seed(draw(SEEDS)),
         four_d=draw(st.booleans()),
     )
 
@@ -198,7 +204,7 @@ def test_bgmv_expand_and_expand_slice(s, width, offset, extra, add_inputs, use_s
 
 
 @EXAMPLES
-@given(segments(), st.integers(1, 4), st.integers(1, 5), st.integers(0, 2**32 - 1), st.booleans())
+@given(segments(), st.integers(1, 4), st.integers(1, 5), SEEDS, st.booleans())
 def test_sgmv_shrink(segment_problem, rank, hidden, seed, four_d):
     num_slots, args, per_row = segment_problem
     gen = torch.Generator().manual_seed(seed)
@@ -210,7 +216,7 @@ def test_sgmv_shrink(segment_problem, rank, hidden, seed, four_d):
 
 
 @EXAMPLES
-@given(segments(), st.integers(1, 4), st.integers(1, 5), st.integers(0, 3), st.booleans(), st.booleans(), st.integers(0, 2**32 - 1))
+@given(segments(), st.integers(1, 4), st.integers(1, 5), st.integers(0, 3), st.booleans(), st.booleans(), SEEDS)
 def test_sgmv_expand_and_expand_slice(segment_problem, rank, width, offset, add_inputs, use_slice_op, seed):
     num_slots, args, per_row = segment_problem
     gen = torch.Generator().manual_seed(seed)
@@ -245,7 +251,7 @@ def test_lora_shrink(s, num_slices, hidden, scale):
 
 
 @EXAMPLES
-@given(sizes(), st.lists(st.integers(1, 4), min_size=1, max_size=3), st.integers(0, 3), st.integers(0, 2), st.booleans())
+@given(sizes(), SLICE_WIDTHS, st.integers(0, 3), st.integers(0, 2), st.booleans())
 def test_lora_expand(s, widths, offset, extra, add_inputs):
     x = randn(s.gen, len(widths), s.tokens, s.rank)
     stacks = [randn(s.gen, s.num_slots, n, s.rank) for n in widths]
@@ -286,13 +292,7 @@ def test_add_shrink(s, num_slices, hidden, scale):
 
 
 @EXAMPLES
-@given(
-    sizes(),
-    st.lists(st.integers(1, 4), min_size=1, max_size=3),
-    st.integers(0, 3),
-    st.booleans(),
-    st.lists(st.booleans(), min_size=3, max_size=3),
-)
+@given(sizes(), SLICE_WIDTHS, st.integers(0, 3), st.booleans(), st.lists(st.booleans(), min_size=3, max_size=3))
 def test_add_expand(s, widths, offset, add_inputs, with_bias):
     x = randn(s.gen, len(widths), s.tokens, s.rank)
     stacks = [randn(s.gen, s.num_slots, n, s.rank) for n in widths]
@@ -313,7 +313,7 @@ def test_add_expand(s, widths, offset, add_inputs, with_bias):
 
 
 @EXAMPLES
-@given(sizes(), st.lists(st.integers(1, 4), min_size=1, max_size=3), st.integers(1, 5), st.sampled_from([1.0, 0.5]), st.booleans())
+@given(sizes(), SLICE_WIDTHS, st.integers(1, 5), st.sampled_from([1.0, 0.5]), st.booleans())
 def test_add_lora_linear(s, widths, hidden, scale, with_bias):
     x = randn(s.gen, s.tokens, hidden)
     a_stacks = [randn(s.gen, s.num_slots, s.rank, hidden) for _ in widths]

@@ -268,21 +268,25 @@ def test_lora_shrink_writes_every_slice_from_the_sorted_metadata():
     )
 
 
+# lora_expand: three slices of unequal widths (1, 3, 1) from offset_start 1:
+#   slice 0 = B_NARROW on S_NARROW → column 1;  slice 1 = B on S[:3] → columns 2..4;
+#   slice 2 = B_NARROW on S[:3] → column 5;  columns 0 and 6 are never written.
+# token 0, slot 1: 3·1 = 3 | (2, −2, 5) | 3·2 = 6;   token 2, slot 0: 0 − 2 = −2 | (5, 6, 11) | 5 − 6 = −1
+THREE_SLICES = (torch.stack([S_NARROW, S[:3], S[:3]]), [B_NARROW, B, B_NARROW])
+
+
 def test_lora_expand_places_unequal_slices_from_offset_start():
-    # Slice 0 (N=3) lands in columns 1..3, slice 1 (N=1) in column 4; columns 0 and 5 stay.
     meta = LoRAKernelMeta.build(slots([1, -1, 0]), max_loras=2)
-    inputs = torch.stack([S[:3], S_NARROW])
-    out = rows_of(10, 20, 30, width=6)
-    lora_expand(inputs, [B, B_NARROW], out, *meta.meta_args(), offset_start=1)  # add_inputs defaults to False
-    # token 0, slot 1: slice 0 (2, −2, 5), slice 1 3·1 = 3; token 2, slot 0: (5, 6, 11), 0 − 2 = −2
-    assert_exact(out, [[10, 2, -2, 5, 3, 10], [20] * 6, [30, 5, 6, 11, -2, 30]])
+    out = rows_of(10, 20, 30, width=7)
+    lora_expand(*THREE_SLICES, out, *meta.meta_args(), offset_start=1)  # add_inputs defaults to False
+    assert_exact(out, [[10, 3, 2, -2, 5, 6, 10], [20] * 7, [30, -2, 5, 6, 11, -1, 30]])
 
 
 def test_lora_expand_with_add_inputs():
     meta = LoRAKernelMeta.build(slots([1, -1, 0]), max_loras=2)
-    out = rows_of(10, 20, 30, width=6)
-    lora_expand(torch.stack([S[:3], S_NARROW]), [B, B_NARROW], out, *meta.meta_args(), offset_start=1, add_inputs=True)
-    assert_exact(out, [[10, 12, 8, 15, 13, 10], [20] * 6, [30, 35, 36, 41, 28, 30]])
+    out = rows_of(10, 20, 30, width=7)
+    lora_expand(*THREE_SLICES, out, *meta.meta_args(), offset_start=1, add_inputs=True)
+    assert_exact(out, [[10, 13, 12, 8, 15, 16, 10], [20] * 7, [30, 28, 35, 36, 41, 29, 30]])
 
 
 def test_no_lora_flag_means_nothing_is_written():

@@ -19,13 +19,16 @@ class Family:
     doc: str
     needs_knobs: frozenset[str] = frozenset()
     feature: str | None = None  # the feature (conformance.cases.features) every case of the family shows
+    dtypes: frozenset[str] | None = None  # the case dtypes where the family can show its feature (None: all)
 
-    def applies_to(self, spec: OpSpec) -> bool:
-        return self.needs_knobs <= spec.knobs
+    def applies_to(self, spec: OpSpec, dtype: str) -> bool:
+        return self.needs_knobs <= spec.knobs and (self.dtypes is None or dtype in self.dtypes)
 
 
-def _family(name: str, doc: str, needs: tuple[str, ...] = (), feature: str | None = "") -> Family:
-    return Family(name, doc, frozenset(needs), name if feature == "" else feature)
+def _family(
+    name: str, doc: str, needs: tuple[str, ...] = (), feature: str | None = "", dtypes: tuple[str, ...] | None = None
+) -> Family:
+    return Family(name, doc, frozenset(needs), name if feature == "" else feature, frozenset(dtypes) if dtypes else None)
 
 
 FAMILIES: dict[str, Family] = {
@@ -50,7 +53,12 @@ FAMILIES: dict[str, Family] = {
         _family("wide_output", "output wider than the columns written", ("wide",)),
         _family("no_add_inputs", "add_inputs=False: overwrite instead of accumulate", ("add_inputs",)),
         _family("scaled", "scale ≠ 1", ("scale",)),
-        _family("fp32_input", "a float32 expand input (the shrink buffer) rounded to the weight dtype", ("expand_input",)),
+        _family(
+            "fp32_input",
+            "a float32 expand input (the shrink buffer) rounded to the weight dtype",
+            ("expand_input",),
+            dtypes=("float16", "bfloat16"),  # a float32 input into float32 weights rounds nothing
+        ),
         _family("bias", "LoRA bias per slot", ("bias",)),
         _family("w4d", "4-D weight stacks [L, 1, rows, cols]"),
         _family("decode", "decode batch: one token per sequence", ("prefill",)),
@@ -59,5 +67,5 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def families_for(spec: OpSpec) -> tuple[Family, ...]:
-    return tuple(f for f in FAMILIES.values() if f.applies_to(spec))
+def families_for(spec: OpSpec, dtype: str) -> tuple[Family, ...]:
+    return tuple(f for f in FAMILIES.values() if f.applies_to(spec, dtype))

@@ -64,7 +64,7 @@ def _draw_profile(profile: Profile, run_seed: int, ops, dtypes) -> list[tuple[st
     for op in ops or tuple(OP_SPECS):
         spec = OP_SPECS[op]
         for dtype in dtypes or tuple(DTYPES):
-            for family in families_for(spec):
+            for family in families_for(spec, dtype):
                 strategy = cases(spec, dtype, family.name, profile.limits)
                 combination_seed = _combination_seed(run_seed, op, dtype, family.name)
                 drawn = draw_examples(strategy, profile.per_combination, combination_seed, profile.include_simplest)
