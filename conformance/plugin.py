@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import conformance
 from conformance import hypothesis_profile
 from conformance.cases.replay import read_replay, write_replay
 from conformance.expectations import apply_expectations, load_expectations, shipped_expectations
@@ -33,7 +34,7 @@ from conformance.shrinking import shrink_failure
 from conformance.targets import TargetError, TargetUnavailable, known_targets, load
 from conformance.verdict import Outcome
 
-SUITE_VERSION = "0.1.0"
+SUITE_VERSION = conformance.__version__
 
 
 class TargetBroken(Exception):

@@ -464,6 +464,19 @@ class SgmvInclusiveSeqStarts(PlainTorchTarget):
         return super().slots_of_segments(inclusive, seq_len_tensor, lora_indices_tensor, rows)
 
 
+class SgmvIgnoresSeqStartLoc(PlainTorchTarget):
+    """sgmv ignores ``b_seq_start_loc``: segment slots are repeated by length from row 0.
+
+    vLLM's CPU torch ops (``repeat_interleave(lora_indices, seq_len)``, shared/notes §2 difference 5)
+    assume the segments are contiguous from row 0 and cover every row."""
+
+    name = "fault-sgmv-ignores-seq-start-loc"
+
+    def slots_of_segments(self, b_seq_start_loc, seq_len_tensor, lora_indices_tensor, rows):
+        repeated = torch.repeat_interleave(lora_indices_tensor.long(), seq_len_tensor.long())[:rows]
+        return torch.cat([repeated, repeated.new_full((rows - repeated.numel(),), -1)])
+
+
 class BiasOnNoAdapterRows(PlainTorchTarget):
     """The LoRA bias is gathered for every row, so rows of slot −1 get the last slot's bias.
 
@@ -548,12 +561,13 @@ FAULTS: tuple[type[PlainTorchTarget], ...] = (
     SgmvInclusiveSeqStarts,
     BiasOnNoAdapterRows,
     BiasScaled,
+    BiasIgnoresOffsetStart,
 )
 """Faults the smoke profile must catch (at least one case ends FAIL)."""
 
 UNCAUGHT_BY_DESIGN: dict[type[PlainTorchTarget], str] = {
-    BiasIgnoresOffsetStart: "no profile draws bias together with offset_start > 0 (the offset family has no bias)",
+    SgmvIgnoresSeqStartLoc: "the sgmv cases' segments always start at row 0 and cover every row",
     CastTypeSkipped: "more accurate than the baseline: the float64 oracle does not round the input either",
     ExpandLowPrecisionAccumulation: "K = rank ≤ 64 gives at most a few bf16 roundings, inside k × the baseline error",
 }
-"""Genuine deviations the suite cannot flag today, and why (measured, see the calibration test)."""
+"""Genuine deviations the smoke profile cannot flag today, and why (strict xfails in test_fault_catalog.py)."""

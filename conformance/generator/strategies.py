@@ -125,7 +125,9 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
     hidden = _feature_size(draw, family if hidden_is_sized else "random", limits.max_hidden) if "hidden" in spec.knobs else 16
     slices = _slices(draw, spec, family, limits, big_width=sized and not hidden_is_sized)
 
-    offset = draw(st.integers(1, 64)) if family == "offset" else 0
+    # A bias must follow offset_start and must not be scaled, so the bias family also draws both.
+    with_offset = family == "offset" or (family == "bias" and "offset" in spec.knobs and draw(st.booleans()))
+    offset = draw(st.integers(1, 64)) if with_offset else 0
     extra = 0
     if "wide" in spec.knobs:
         wide = family in ("offset", "wide_output") or (family == "random" and draw(st.booleans()))
@@ -134,7 +136,7 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
     if "add_inputs" in spec.knobs:
         add_inputs = family != "no_add_inputs" and (family != "random" or draw(st.booleans()))
     scale = 1.0
-    if "scale" in spec.knobs and (family == "scaled" or (family == "random" and draw(st.booleans()))):
+    if "scale" in spec.knobs and (family == "scaled" or (family in ("random", "bias") and draw(st.booleans()))):
         scale = draw(st.sampled_from(SCALES))
     expand_input_dtype = None
     if "expand_input" in spec.knobs and (family == "fp32_input" or (family == "random" and draw(st.booleans()))):

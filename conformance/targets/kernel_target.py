@@ -28,8 +28,9 @@ add_lora_linear       ``add_shrink`` then ``add_expand`` (each by whichever comp
 
 Each of the first four uses the first composition in ``wrapper_paths`` (``("lora", "classic")``
 unless a subclass says otherwise) whose kernels are all present. A wrapper method the subclass
-defines itself always wins and counts as implemented; ``add_lora_linear`` calls ``self.add_shrink``
-and ``self.add_expand``, so it composes from overridden ones too.
+defines itself always wins and counts as implemented (set it to ``None`` to opt out of one);
+``add_lora_linear`` calls ``self.add_shrink`` and ``self.add_expand``, so it composes from
+overridden ones too.
 
 Where vLLM's wrappers disagree with each other, the suite's semantics (``conformance.reference``)
 decide, and so does this base:
@@ -109,6 +110,8 @@ class KernelTarget(Target):
         return None
 
     def wrapper_implemented(self, op: str) -> bool:
+        if not callable(getattr(self, op, None)):  # a subclass opted out with ``op = None``
+            return False
         if self.overrides(op):
             return True
         if op in COMPOSED_OF:
