@@ -33,6 +33,11 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
+# Taken once, when the generator is imported, so that it describes the code this process draws
+# with: a digest read later could describe an edited file the process never loaded.
+_SOURCE_DIGEST = _source_digest()
+
+
 def _cache_dir() -> Path | None:
     setting = os.environ.get("LORA_CONFORMANCE_CACHE", "")
     if setting.lower() in ("off", "0", "false", "no"):
@@ -45,7 +50,7 @@ def cached_cases(key: dict, draw: Callable[[], list[tuple[str, Case]]]) -> list[
     directory = _cache_dir()
     if directory is None:
         return draw()
-    full_key = {**key, "hypothesis": hypothesis.__version__, "python": sys.version_info[:2], "source": _source_digest()}
+    full_key = {**key, "hypothesis": hypothesis.__version__, "python": sys.version_info[:2], "source": _SOURCE_DIGEST}
     name = hashlib.sha256(json.dumps(full_key, sort_keys=True).encode()).hexdigest()[:32]
     path = directory / f"profile-{name}.json"
     if path.is_file():
