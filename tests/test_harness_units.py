@@ -175,3 +175,32 @@ def test_the_profile_cache_returns_what_was_drawn(tmp_path, monkeypatch):
     second = profile_cache.cached_cases(key, draw)
     assert first == second and len(draws) == 1
     assert profile_cache.cached_cases({"probe": 2}, draw) == first and len(draws) == 2
+
+
+class TestRegistry:
+    def test_a_vendor_entry_point_is_found_by_name(self, monkeypatch):
+        from importlib.metadata import EntryPoint
+
+        from conformance.targets import registry
+
+        vendor = EntryPoint("mychip", "conformance.targets.reference:ReferenceTarget", registry.ENTRY_POINT_GROUP)
+        monkeypatch.setattr(registry, "entry_points", lambda group: [vendor] if group == registry.ENTRY_POINT_GROUP else [])
+        assert registry.resolve("mychip").name == "reference"
+        assert "mychip" in registry.known_targets()
+
+    def test_an_entry_point_cannot_shadow_a_builtin(self, monkeypatch):
+        from importlib.metadata import EntryPoint
+
+        from conformance.targets import registry
+
+        impostor = EntryPoint("cpu", "conformance.targets.reference:ReferenceTarget", registry.ENTRY_POINT_GROUP)
+        monkeypatch.setattr(registry, "entry_points", lambda group: [impostor])
+        assert registry.known_targets()["cpu"] == registry.BUILTIN_TARGETS["cpu"]
+
+    def test_a_reference_to_something_else_is_refused(self):
+        from conformance.targets import TargetError, resolve
+
+        with pytest.raises(TargetError, match="not a subclass"):
+            resolve("conformance.runner:run_case")
+        with pytest.raises(TargetError, match="cannot import"):
+            resolve("no_such_package.module:Thing")
