@@ -147,3 +147,19 @@ def test_the_target_listing_says_what_can_run_here():
     lines = completed.stdout.splitlines()
     assert any(line.startswith("reference") and "usable" in line for line in lines)
     assert any(line.startswith("cpu") for line in lines) and any(line.startswith("cuda") for line in lines)
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("habana_frameworks") is not None, reason="Gaudi stack installed")
+@pytest.mark.parametrize("target", ["hpu", "vllm-hpu"])
+def test_hpu_without_gaudi_exits_with_one_line_naming_habana_frameworks(tmp_path, target):
+    completed = conformance(f"--target={target}", report_dir=tmp_path)
+    assert completed.returncode != 0
+    [line] = error_lines(completed)
+    assert "habana_frameworks" in line
+
+
+def test_the_emulated_hpu_target_passes_the_smoke_gate(tmp_path):
+    completed = conformance("--target=hpu-emulated", "--profile=smoke", report_dir=tmp_path)
+    assert completed.returncode == 0, completed.stdout[-3000:]
+    gate = results(tmp_path)["gate"]
+    assert gate["passed"] and gate["counts"]["not supported"] == 0 and gate["counts"]["known failure"] == 0

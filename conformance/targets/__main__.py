@@ -12,10 +12,12 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="list the known targets and whether each can run here")
     parser.parse_args(argv)
-    for status in list_targets():
-        print(f"{status.name:12} {'usable' if status.usable else 'unavailable':11} {status.reference}")
+    statuses = list_targets()
+    width = max(len(status.name) for status in statuses)
+    for status in statuses:
+        print(f"{status.name:{width}} {'usable' if status.usable else 'unavailable':11} {status.reference}")
         if not status.usable:
-            print(f"{'':12} {status.reason}")
+            print(f"{'':{width}} {status.reason}")
     return 0
 
 

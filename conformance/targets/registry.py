@@ -23,6 +23,11 @@ BUILTIN_TARGETS: dict[str, str] = {
     "reference": "conformance.targets.reference:ReferenceTarget",
     "cpu": "conformance.targets.vllm_cpu:VllmCpuTarget",
     "cuda": "conformance.targets.vllm_cuda:VllmCudaTarget",
+    "hpu": "conformance.targets.hpu.targets:HpuTarget",
+    "hpu-gather": "conformance.targets.hpu.targets:HpuGatherTarget",
+    "hpu-emulated": "conformance.targets.hpu.targets:HpuEmulatedTarget",
+    "hpu-emulated-gather": "conformance.targets.hpu.targets:HpuEmulatedGatherTarget",
+    "vllm-hpu": "conformance.targets.hpu.vllm_gaudi:VllmHpuTarget",
 }
 
 

@@ -1,0 +1,146 @@
+"""vLLM's kernel-level LoRA ops on the HPU engine (signatures as ``conformance/reference/op_*.py``).
+
+Gaudi itself has no bgmv/sgmv/lora_* kernels; its wrapper goes straight to the mask math. These ops
+exist so that the same implementation can be judged at the kernel level too. Each turns its
+metadata into one slot per row *on the device* (``rows``), pads to the bucket and runs the same engine
+steps as the wrapper:
+
+* ``bgmv_*``: the per-token slot tensor as is;
+* ``sgmv_*``: segments → slots by a membership matrix (``slots_from_segments``);
+* ``lora_shrink`` / ``lora_expand``: the token-sorted ``LoRAKernelMeta`` → slots
+  (``slots_from_sorted_metadata``), reading the segments, not ``token_lora_mapping``, as the kernels do;
+  ``no_lora_flag_cpu`` (a CPU tensor by contract) skips the call on the host.
+
+Shrink ops add into the caller's zeroed float32 buffer; expand ops honour ``add_inputs`` and never touch
+rows of slot −1 or columns outside their slice. Defaults are vLLM's (bgmv ``add_inputs=True``, sgmv and
+``lora_expand`` ``False``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .engine import LoRAEngine
+from .rows import slots_from_segments, slots_from_sorted_metadata
+from .stacks import as_3d
+
+
+class HpuKernelOps:
+    """Mixin: the eight kernel ops over ``self.engine``."""
+
+    engine: LoRAEngine
+
+    # -- bgmv: one slot per token ------------------------------------------------------------
+
+    def bgmv_shrink(self, inputs, lora_a_weights, output_tensor, lora_indices_tensor, scaling: float = 1.0) -> None:
+        rows = self._token_rows(lora_indices_tensor, inputs)
+        self.engine.shrink_into(output_tensor, inputs, lora_a_weights, rows, scaling)
+        self.engine.layer.after_op()
+
+    def bgmv_expand(self, inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs: bool = True) -> None:
+        rows = self._token_rows(lora_indices_tensor, inputs)
+        self.engine.expand_into(output_tensor, inputs, lora_b_weights, rows, 0, add_inputs)
+        self.engine.layer.after_op()
+
+    def bgmv_expand_slice(
+        self, inputs, lora_b_weights, output_tensor, lora_indices_tensor,
+        slice_offset: int, slice_size: int, add_inputs: bool = True,
+    ) -> None:
+        _check_slice_size(lora_b_weights, slice_size)
+        rows = self._token_rows(lora_indices_tensor, inputs)
+        self.engine.expand_into(output_tensor, inputs, lora_b_weights, rows, slice_offset, add_inputs)
+        self.engine.layer.after_op()
+
+    # -- sgmv: one slot per segment ----------------------------------------------------------
+
+    def sgmv_shrink(
+        self, inputs, lora_a_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
+        batches: int, max_seq_length: int, token_nums: int, scaling: float,
+    ) -> None:
+        rows = self._segment_rows(inputs, b_seq_start_loc, seq_len_tensor, lora_indices_tensor, batches, token_nums)
+        self.engine.shrink_into(output_tensor, inputs, lora_a_weights, rows, scaling)
+        self.engine.layer.after_op()
+
+    def sgmv_expand(
+        self, inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
+        batches: int, max_seq_length: int, token_nums: int, add_inputs: bool = False,
+    ) -> None:
+        rows = self._segment_rows(inputs, b_seq_start_loc, seq_len_tensor, lora_indices_tensor, batches, token_nums)
+        self.engine.expand_into(output_tensor, inputs, lora_b_weights, rows, 0, add_inputs)
+        self.engine.layer.after_op()
+
+    def sgmv_expand_slice(
+        self, inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
+        batches: int, max_seq_length: int, token_nums: int, slice_offset: int, slice_size: int, add_inputs: bool = False,
+    ) -> None:
+        _check_slice_size(lora_b_weights, slice_size)
+        rows = self._segment_rows(inputs, b_seq_start_loc, seq_len_tensor, lora_indices_tensor, batches, token_nums)
+        self.engine.expand_into(output_tensor, inputs, lora_b_weights, rows, slice_offset, add_inputs)
+        self.engine.layer.after_op()
+
+    # -- lora_*: token-sorted metadata, all slices in one call -------------------------------
+
+    def lora_shrink(
+        self, inputs, lora_a_weights: list[torch.Tensor], output_tensor, token_lora_mapping,
+        token_indices_sorted_by_lora_ids, num_tokens_per_lora, lora_token_start_loc, lora_ids,
+        no_lora_flag_cpu, scaling: float,
+    ) -> None:
+        if bool(no_lora_flag_cpu.item()):
+            return
+        if output_tensor.size(0) != len(lora_a_weights):
+            raise ValueError(f"output has {output_tensor.size(0)} slices but {len(lora_a_weights)} LoRA-A stacks were given")
+        meta = (token_lora_mapping, token_indices_sorted_by_lora_ids, num_tokens_per_lora, lora_token_start_loc, lora_ids)
+        rows = self._sorted_rows(inputs.size(0), *meta)
+        for s, lora_a in enumerate(lora_a_weights):
+            self.engine.shrink_into(output_tensor[s], inputs, lora_a, rows, scaling)
+        self.engine.layer.after_op()
+
+    def lora_expand(
+        self, inputs, lora_b_weights: list[torch.Tensor], output_tensor, token_lora_mapping,
+        token_indices_sorted_by_lora_ids, num_tokens_per_lora, lora_token_start_loc, lora_ids,
+        no_lora_flag_cpu, offset_start: int = 0, add_inputs: bool = False,
+    ) -> None:
+        if bool(no_lora_flag_cpu.item()):
+            return
+        if inputs.size(0) != len(lora_b_weights):
+            raise ValueError(f"inputs have {inputs.size(0)} slices but {len(lora_b_weights)} LoRA-B stacks were given")
+        meta = (token_lora_mapping, token_indices_sorted_by_lora_ids, num_tokens_per_lora, lora_token_start_loc, lora_ids)
+        rows = self._sorted_rows(inputs.size(1), *meta)
+        column = offset_start
+        for s, lora_b in enumerate(lora_b_weights):
+            self.engine.expand_into(output_tensor, inputs[s], lora_b, rows, column, add_inputs)
+            column += as_3d(lora_b).size(1)
+        self.engine.layer.after_op()
+
+    # -- metadata → row state ----------------------------------------------------------------
+
+    def _token_rows(self, lora_indices_tensor: torch.Tensor, inputs: torch.Tensor):
+        if lora_indices_tensor.numel() != inputs.size(0):
+            raise ValueError(f"{lora_indices_tensor.numel()} slot indices for {inputs.size(0)} tokens")
+        return self.engine.rows(lora_indices_tensor)
+
+    def _segment_rows(self, inputs, b_seq_start_loc, seq_len_tensor, lora_indices_tensor, batches: int, token_nums: int):
+        if inputs.size(0) != token_nums:
+            raise ValueError(f"token_nums is {token_nums} but inputs have {inputs.size(0)} rows")
+        per_segment = {
+            "b_seq_start_loc": b_seq_start_loc, "seq_len_tensor": seq_len_tensor, "lora_indices_tensor": lora_indices_tensor
+        }
+        for name, tensor in per_segment.items():
+            if tensor.numel() != batches:
+                raise ValueError(f"{name} has {tensor.numel()} entries but batches is {batches}")
+        return self.engine.rows(slots_from_segments(b_seq_start_loc, seq_len_tensor, lora_indices_tensor, inputs.size(0)))
+
+    def _sorted_rows(self, num_rows: int, token_lora_mapping, sorted_indices, counts, starts, lora_ids):
+        if token_lora_mapping.numel() != num_rows:
+            raise ValueError(f"token_lora_mapping has {token_lora_mapping.numel()} entries for {num_rows} tokens")
+        if lora_ids.numel() != counts.numel() or starts.numel() != lora_ids.numel() + 1:
+            raise ValueError(
+                f"inconsistent metadata: {lora_ids.numel()} lora ids, {counts.numel()} counts, {starts.numel()} start locations"
+            )
+        return self.engine.rows(slots_from_sorted_metadata(sorted_indices, counts, starts, lora_ids, num_rows))
+
+
+def _check_slice_size(lora_b_weights: torch.Tensor, slice_size: int) -> None:
+    width = as_3d(lora_b_weights).size(1)
+    if slice_size != width:
+        raise ValueError(f"slice_size {slice_size} differs from the LoRA-B output width {width}")

@@ -1,0 +1,103 @@
+"""The HPU implementation as a vLLM ``PunicaWrapperBase`` subclass: a drop-in punica wrapper for Gaudi.
+
+``make_vllm_punica_wrapper_class()`` builds (and caches) a class deriving from the *installed* vLLM's
+``vllm.lora.punica_wrapper.punica_base.PunicaWrapperBase``, so vLLM is imported only when it is called.
+The class keeps the base's ``update_metadata`` (vLLM's index buffers still feed the embedding A-lookup
+and the extra-vocab logits, shared/notes/hpu-lora.md §2), then builds this implementation's row state
+from the base's ``token_lora_indices`` and ``sampler_indices`` on the device: no host loop, no global
+mask. Its ``add_*`` methods are :class:`wrapper.HpuPunicaWrapper`'s.
+
+Compared with vllm-gaudi's ``PunicaWrapperHPU`` it needs no model-runner-built ``LoraMask`` global,
+implements ``add_shrink`` / ``add_expand`` (``offset_start``, ``add_inputs``), LoRA bias (the
+keyword ``lora_bias_stacked``; current vLLM passes none) and
+``add_inputs=False`` for embeddings, and keeps NaN/Inf of unused slots out of other rows.
+
+Device: ``hpu`` (the Habana runtime must load, see ``device``) or ``cpu`` (the emulation, used by the
+tests). Options: ``variant`` (``"mask"`` | ``"gather"``) and ``buckets``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+from .buckets import BucketPolicy
+from .device import CpuDeviceLayer, HpuDeviceLayer, graphs_requested, load_runtime, requested_mode
+from .engine import LoRAEngine
+from .stacks import as_3d
+from .wrapper import HpuPunicaWrapper
+
+
+def device_layer_for(device: torch.device | str):
+    device = torch.device(device)
+    if device.type == "hpu":
+        return HpuDeviceLayer(load_runtime(requested_mode(), "vllm punica wrapper"), requested_mode(), graphs_requested())
+    if device.type == "cpu":
+        return CpuDeviceLayer()
+    raise ValueError(f"the HPU punica wrapper runs on 'hpu' (Gaudi) or 'cpu' (emulation), not on {device}")
+
+
+@functools.cache
+def make_vllm_punica_wrapper_class(variant: str = "mask", buckets: BucketPolicy | None = None) -> type:
+    """A ``PunicaWrapperBase`` subclass whose LoRA math is this package's (vLLM must be importable)."""
+    base = importlib.import_module("vllm.lora.punica_wrapper.punica_base").PunicaWrapperBase
+
+    class PunicaWrapperHPUMasked(base):
+        """vLLM punica wrapper over this project's mask-based HPU LoRA implementation."""
+
+        def __init__(self, max_num_batched_tokens: int, max_batches: int, device: torch.device | str, **kwargs):
+            base.__init__(self, max_num_batched_tokens, max_batches, device, **kwargs)
+            self.hpu = HpuPunicaWrapper(LoRAEngine(variant, buckets, device_layer_for(device)))
+
+        def update_metadata(self, mapping, lora_index_to_id, max_loras, vocab_size, *args, **kwargs):
+            base.update_metadata(self, mapping, lora_index_to_id, max_loras, vocab_size, *args, **kwargs)
+            self.hpu.set_slots(self.token_lora_indices, self.sampler_indices)
+
+        def add_shrink(self, y, x, lora_a_stacked, scale, **kwargs):
+            self.hpu.add_shrink(y, x, lora_a_stacked, scale, **kwargs)
+
+        def add_expand(
+            self, y, x, lora_b_stacked, output_slices, offset_start=0, add_inputs=True, *, lora_bias_stacked=None, **kwargs
+        ):
+            self.hpu.add_expand(
+                y, x, lora_b_stacked, output_slices, offset_start, add_inputs, lora_bias_stacked=lora_bias_stacked, **kwargs
+            )
+
+        def add_lora_embedding(self, y, x, lora_b_stacked, add_inputs=True, **kwargs):
+            self.hpu.add_lora_embedding(y, x, lora_b_stacked, add_inputs, **kwargs)
+
+        def add_lora_linear(
+            self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, *, buffer=None, lora_bias_stacked=None, **kwargs
+        ):
+            self.hpu.add_lora_linear(
+                y, x, lora_a_stacked, lora_b_stacked, scale, output_slices,
+                buffer=buffer, lora_bias_stacked=lora_bias_stacked, **kwargs,
+            )
+
+        def add_lora_logits(self, y, x, lora_a_stacked, lora_b_stacked, scale, *, buffer=None, **kwargs):
+            self.hpu.add_lora_logits(y, x, lora_a_stacked, lora_b_stacked, scale, buffer=buffer, **kwargs)
+
+        if hasattr(base, "_select_full_linear_output"):
+
+            def apply_lora_full_linear(self, y, x, weight_stacked, bias_stacked, module_enabled):
+                """Request-routed full linear weights (vLLM ≥ 0.32): a shrink over the sampled rows."""
+                adapter_y = torch.zeros((x.size(0), as_3d(weight_stacked).size(1)), dtype=torch.float32, device=x.device)
+                self.hpu.engine.shrink_into(adapter_y, x, weight_stacked, self.hpu._rows(self.hpu.sampled_rows), 1.0)
+                y.copy_(self._select_full_linear_output(y, adapter_y, bias_stacked, module_enabled))
+                self.hpu.engine.layer.after_op()
+
+    # Abstract methods a newer vLLM adds (MoE LoRA, …) are not implemented; say so instead of failing to instantiate.
+    for name in sorted(getattr(PunicaWrapperHPUMasked, "__abstractmethods__", ())):
+        setattr(PunicaWrapperHPUMasked, name, _not_implemented(name))
+    PunicaWrapperHPUMasked.__abstractmethods__ = frozenset()
+    return PunicaWrapperHPUMasked
+
+
+def _not_implemented(name: str):
+    def method(self, *args, **kwargs):
+        raise NotImplementedError(f"{name} is not implemented by the HPU mask-based punica wrapper")
+
+    method.__name__ = name
+    return method

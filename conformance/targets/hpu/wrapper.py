@@ -1,0 +1,145 @@
+"""vLLM's PunicaWrapper methods on the HPU engine (names, argument names and order as vLLM's).
+
+Semantics are the suite's (``conformance/reference/punica_wrapper.py``); for a row of slot ``l ≠ −1``:
+
+* ``add_shrink``:  ``y[s, t] += scale · x[t] @ A_s[l]ᵀ`` (``y`` the caller's float32 ``[S, T, R]`` buffer,
+  or a tuple of ``[T, R]`` buffers as vLLM's CPU wrapper passes them);
+* ``add_expand``:  ``y[t, cols_s] = (y if add_inputs else 0) + x[s, t] @ B_s[l]ᵀ + bias_s[l]``, slice ``s``
+  starting at ``offset_start + Σ_{j<s} N_j``; the bias is unscaled and follows ``offset_start``;
+* ``add_lora_linear``: ``y[t, cols_s] += scale · (x[t] @ A_s[l]ᵀ) @ B_s[l]ᵀ (+ bias_s[l])``, computed
+  fused (the ``[T, L·R]`` intermediate goes straight into the expand), rounded exactly as the shrink
+  into a float32 buffer followed by the expand would round; ``buffer`` is accepted and not needed;
+* ``add_lora_embedding``: ``y[t] (+)= x[t] @ B[l]ᵀ`` (``x`` holds the LoRA-A rows already looked up);
+* ``add_lora_logits``: the fused linear over the *sampled* rows, with their own row state (Gaudi's
+  separate logits mask).
+
+Rows of slot −1 are never written, also with ``add_inputs=False``. The row state comes from
+``update_metadata`` (the suite's ``LoRAMapping``) or ``set_slots`` (raw slot vectors, as the vLLM
+subclass passes them). After every method the device layer's ``after_op`` runs (``mark_step`` in lazy
+mode), so outputs can be read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.reference import LoRAMapping
+
+from .engine import LoRAEngine
+from .rows import PaddedRows
+from .stacks import as_3d
+
+
+class HpuPunicaWrapper:
+    def __init__(self, engine: LoRAEngine) -> None:
+        self.engine = engine
+        self.token_rows: PaddedRows | None = None
+        self.sampled_rows: PaddedRows | None = None
+
+    # -- the batch -----------------------------------------------------------------------------
+
+    def update_metadata(self, mapping: LoRAMapping) -> None:
+        self.set_slots(mapping.token_slot_tensor(), mapping.sampled_slot_tensor())
+
+    def set_slots(self, token_slots: torch.Tensor, sampled_slots: torch.Tensor) -> None:
+        """One slot per token and one per sampled row (−1 = none); padded and masked on the device."""
+        self.token_rows = self.engine.rows(token_slots)
+        self.sampled_rows = self.engine.rows(sampled_slots)
+
+    def _rows(self, rows: PaddedRows | None) -> PaddedRows:
+        if rows is None:
+            raise RuntimeError("update_metadata(mapping) must be called before the wrapper methods")
+        return rows
+
+    # -- the methods ---------------------------------------------------------------------------
+
+    def add_shrink(self, y, x: torch.Tensor, lora_a_stacked: tuple[torch.Tensor, ...], scale: float, **kwargs) -> None:
+        x = x.reshape(-1, x.size(-1))
+        outputs = tuple(y) if isinstance(y, (tuple, list)) else tuple(y[s] for s in range(y.size(0)))
+        if len(outputs) != len(lora_a_stacked):
+            raise ValueError(f"{len(outputs)} output slices but {len(lora_a_stacked)} LoRA-A stacks")
+        rows = self._rows(self.token_rows)
+        for out, lora_a in zip(outputs, lora_a_stacked, strict=True):
+            self.engine.shrink_into(out, x, lora_a, rows, scale)
+        self.engine.layer.after_op()
+
+    def add_expand(
+        self,
+        y: torch.Tensor,
+        x,
+        lora_b_stacked: tuple[torch.Tensor, ...],
+        output_slices: tuple[int, ...],
+        offset_start: int = 0,
+        add_inputs: bool = True,
+        *,
+        lora_bias_stacked: tuple[torch.Tensor | None, ...] | None = None,
+        **kwargs,
+    ) -> None:
+        y2d = y.view(-1, y.size(-1))
+        inputs = tuple(x) if isinstance(x, (tuple, list)) else tuple(x[s] for s in range(x.size(0)))
+        _check_slices(lora_b_stacked, output_slices, inputs)
+        biases = lora_bias_stacked if lora_bias_stacked is not None else (None,) * len(lora_b_stacked)
+        rows = self._rows(self.token_rows)
+        column = offset_start
+        for s, lora_b, bias, width in zip(inputs, lora_b_stacked, biases, output_slices, strict=True):
+            self.engine.expand_into(y2d, s, lora_b, rows, column, add_inputs, bias)
+            column += width
+        self.engine.layer.after_op()
+
+    def add_lora_embedding(
+        self, y: torch.Tensor, x: torch.Tensor, lora_b_stacked: torch.Tensor, add_inputs: bool = True, **kwargs
+    ) -> None:
+        y2d = y.view(-1, y.size(-1))
+        self.engine.expand_into(y2d, x.reshape(-1, x.size(-1)), lora_b_stacked, self._rows(self.token_rows), 0, add_inputs)
+        self.engine.layer.after_op()
+
+    def add_lora_linear(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_a_stacked: tuple[torch.Tensor, ...],
+        lora_b_stacked: tuple[torch.Tensor, ...],
+        scale: float,
+        output_slices: tuple[int, ...],
+        *,
+        buffer=None,
+        lora_bias_stacked: tuple[torch.Tensor | None, ...] | None = None,
+        **kwargs,
+    ) -> None:
+        # `buffer` (vLLM's zeroed shrink buffer) is not needed: the fused math keeps the intermediate itself.
+        y2d = y.view(-1, y.size(-1))
+        x = x.reshape(-1, x.size(-1))
+        if len(lora_a_stacked) != len(lora_b_stacked):
+            raise ValueError(f"{len(lora_a_stacked)} LoRA-A stacks but {len(lora_b_stacked)} LoRA-B stacks")
+        _check_slices(lora_b_stacked, output_slices)
+        biases = lora_bias_stacked if lora_bias_stacked is not None else (None,) * len(lora_b_stacked)
+        rows = self._rows(self.token_rows)
+        column = 0
+        for lora_a, lora_b, bias, width in zip(lora_a_stacked, lora_b_stacked, biases, output_slices, strict=True):
+            self.engine.linear_into(y2d, x, lora_a, lora_b, rows, column, scale, bias)
+            column += width
+        self.engine.layer.after_op()
+
+    def add_lora_logits(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_a_stacked: torch.Tensor,
+        lora_b_stacked: torch.Tensor,
+        scale: float,
+        *,
+        buffer=None,
+        **kwargs,
+    ) -> None:
+        y2d = y.view(-1, y.size(-1))
+        x = x.reshape(-1, x.size(-1))
+        self.engine.linear_into(y2d, x, lora_a_stacked, lora_b_stacked, self._rows(self.sampled_rows), 0, scale)
+        self.engine.layer.after_op()
+
+
+def _check_slices(lora_b_stacked, output_slices, inputs=None) -> None:
+    widths = tuple(as_3d(b).size(1) for b in lora_b_stacked)
+    if widths != tuple(output_slices):
+        raise ValueError(f"output_slices {tuple(output_slices)} differ from the LoRA-B widths {widths}")
+    if inputs is not None and len(inputs) != len(lora_b_stacked):
+        raise ValueError(f"inputs have {len(inputs)} slices but {len(lora_b_stacked)} LoRA-B stacks were given")

@@ -1,0 +1,124 @@
+"""The HPU implementation as a subclass of vLLM's ``PunicaWrapperBase`` (needs vLLM; CPU device).
+
+* the class derives from the installed vLLM's base and instantiates;
+* every smoke case of the five wrapper methods passes through it, fed by vLLM's own
+  ``update_metadata`` (the masks come from the base's ``token_lora_indices`` / ``sampler_indices``);
+* production-style metadata (slot table with holes, ids unrelated to slots, ``max_loras`` = slots + 1)
+  routes every row to the right slot;
+* ``apply_lora_full_linear`` (vLLM ≥ 0.32) matches vLLM's CPU wrapper.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+pytest.importorskip("vllm.lora.punica_wrapper.punica_base", reason="needs vLLM (pip install 'lora-conformance[vllm]')")
+
+from conformance.generator import profile_cases  # noqa: E402
+from conformance.reference import LoRAMapping, PunicaWrapperReference  # noqa: E402
+from conformance.runner import run_case  # noqa: E402
+from conformance.targets._vllm import VllmWrapperMethods, import_vllm_module, lora_index_to_id, vllm_lora_mapping  # noqa: E402
+from conformance.targets.base import WRAPPER_OPS, Target  # noqa: E402
+from conformance.targets.hpu.vllm_wrapper import make_vllm_punica_wrapper_class  # noqa: E402
+from conformance.verdict import Outcome  # noqa: E402
+
+PunicaWrapperBase = import_vllm_module("vllm.lora.punica_wrapper.punica_base", "test").PunicaWrapperBase
+
+
+class VllmSubclassTarget(VllmWrapperMethods, Target):
+    """The vLLM subclass driven exactly like the ``cpu`` target drives vLLM's PunicaWrapperCPU."""
+
+    name = "hpu-vllm-subclass"
+
+    def __init__(self, variant: str) -> None:
+        self.wrapper_class = make_vllm_punica_wrapper_class(variant)
+        super().__init__()
+
+    def update_metadata(self, mapping: LoRAMapping) -> None:
+        tokens = max(len(mapping.token_slots), len(mapping.sampled_slots), 1)
+        self.wrapper = self.wrapper_class(tokens, max(len(mapping.seq_lens), 1), self.device)
+        # vLLM's model manager passes lora_slots + 1 as max_loras.
+        self.wrapper.update_metadata(vllm_lora_mapping(mapping), lora_index_to_id(mapping.num_slots), mapping.num_slots + 1, 1)
+
+
+def test_the_class_is_a_vllm_punica_wrapper():
+    cls = make_vllm_punica_wrapper_class()
+    assert issubclass(cls, PunicaWrapperBase)
+    wrapper = cls(64, 8, "cpu")
+    assert isinstance(wrapper, PunicaWrapperBase)
+    assert make_vllm_punica_wrapper_class() is cls  # built once
+
+
+@pytest.mark.slow  # every wrapper smoke case
+@pytest.mark.parametrize("variant", ["mask", "gather"])
+def test_smoke_wrapper_cases_pass_through_the_vllm_subclass(variant):
+    target = VllmSubclassTarget(variant)
+    assert target.supports_bias()
+    outcomes, failures = collections.Counter(), []
+    for case_id, case in profile_cases("smoke", ops=WRAPPER_OPS):
+        result = run_case(target, case, case_id)
+        outcomes[result.outcome] += 1
+        if result.outcome is not Outcome.PASS:
+            failures.append(f"{case_id}: {result.outcome.value}: {result.message}")
+    assert not failures, failures[:10]
+    assert outcomes[Outcome.PASS] > 100
+
+
+def test_production_style_metadata_routes_rows_to_their_slots():
+    """Slots 1 and 3 of 4 hold adapters with ids 7 and 3; id 0 means no adapter."""
+    layers = import_vllm_module("vllm.lora.layers", "test")
+    table = [None, 7, None, 3]
+    ids = (7, 7, 0, 3, 3, 3, 0, 7)
+    sampled_ids = (7, 0, 3)
+    slots = tuple({0: -1, 7: 1, 3: 3}[i] for i in ids)
+    sampled_slots = tuple({0: -1, 7: 1, 3: 3}[i] for i in sampled_ids)
+    gen = torch.Generator().manual_seed(0)
+    L, R, H, slices = 4, 8, 32, (24, 8, 8)
+    a = tuple(torch.randn(L, 1, R, H, generator=gen, dtype=torch.float64).to(torch.bfloat16) for _ in slices)
+    b = tuple(torch.randn(L, 1, n, R, generator=gen, dtype=torch.float64).to(torch.bfloat16) for n in slices)
+    x = torch.randn(len(ids), H, generator=gen).to(torch.bfloat16)
+    y = torch.randn(len(ids), sum(slices), generator=gen).to(torch.bfloat16)
+    h = torch.randn(len(sampled_ids), H, generator=gen).to(torch.bfloat16)
+    logits = torch.randn(len(sampled_ids), 24, generator=gen).to(torch.bfloat16)
+
+    wrapper = make_vllm_punica_wrapper_class()(64, 8, "cpu")
+    wrapper.update_metadata(layers.LoRAMapping(ids, sampled_ids, is_prefill=True), table, len(table) + 1, 1000)
+    reference = PunicaWrapperReference()
+    reference.update_metadata(LoRAMapping(slots, sampled_slots, (3, 3, 2), True, L))
+    outputs = []
+    for impl in (wrapper, reference):
+        y_out, logits_out = y.clone(), logits.clone()
+        impl.add_lora_linear(y_out, x, a, b, 0.5, slices)
+        impl.add_lora_logits(logits_out, h, a[0], b[0], 0.5)
+        outputs.append((y_out, logits_out))
+    (y_hpu, logits_hpu), (y_ref, logits_ref) = outputs
+    torch.testing.assert_close(y_hpu, y_ref, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(logits_hpu, logits_ref, rtol=2e-2, atol=2e-2)
+    no_adapter = torch.tensor(slots) == -1
+    assert torch.equal(y_hpu[no_adapter], y[no_adapter])
+    assert not torch.equal(y_hpu[~no_adapter], y[~no_adapter])
+
+
+@pytest.mark.skipif(not hasattr(PunicaWrapperBase, "_select_full_linear_output"), reason="vLLM without full-linear LoRA")
+def test_apply_lora_full_linear_matches_vllms_cpu_wrapper():
+    layers = import_vllm_module("vllm.lora.layers", "test")
+    cpu_class = import_vllm_module("vllm.lora.punica_wrapper.punica_cpu", "test").PunicaWrapperCPU
+    gen = torch.Generator().manual_seed(1)
+    L, N, H = 3, 16, 24
+    weight = torch.randn(L, 1, N, H, generator=gen)
+    bias = torch.randn(L, N, generator=gen)
+    enabled = torch.tensor([True, False, True])
+    x, y = torch.randn(4, H, generator=gen), torch.randn(4, N, generator=gen)
+    mapping = layers.LoRAMapping((1, 2, 0, 3), (1, 2, 0, 3), is_prefill=False)
+    results = []
+    for cls in (make_vllm_punica_wrapper_class(), cpu_class):
+        wrapper = cls(16, 4, "cpu")
+        wrapper.update_metadata(mapping, [1, 2, 3], L + 1, 1000)
+        out = y.clone()
+        wrapper.apply_lora_full_linear(out, x, weight, bias, enabled)
+        results.append(out)
+    torch.testing.assert_close(results[0], results[1])
+    assert torch.equal(results[0][1:3], y[1:3])  # slot 1 disabled, row 2 without adapter: base output kept
