@@ -4,7 +4,8 @@
 2. the target runs the op on the case's values (on its device); an exception → BROKEN;
 3. the reference runs twice on the same values: in float64 (the oracle) and in the case dtype (the
    baseline);
-4. ``conformance.verdict.judge`` decides PASS or FAIL, and the message names the rows and their slots.
+4. ``conformance.verdict.judge`` decides PASS or FAIL, and the message names the rows and their slots;
+   a target that changed one of its inputs fails too (inputs are read-only in every op's contract).
 Expectations (known failures) are applied afterwards, by ``conformance.expectations``.
 """
 
@@ -23,6 +24,7 @@ from conformance.ops import OP_SPECS, OpSpec, case_mapping
 from conformance.targets.base import Target
 from conformance.targets.reference import ReferenceTarget
 from conformance.verdict import Measurement, Outcome, judge
+from conformance.verdict.metrics import bitwise_differences
 
 Tensors = dict[str, torch.Tensor]
 
@@ -70,15 +72,24 @@ def make_values(case: Case) -> Tensors:
     return OP_SPECS[case.op].make_values(case, generator_for(case))
 
 
-def execute(spec: OpSpec, case: Case, values: Tensors, impl, device: torch.device) -> torch.Tensor:
-    """Run ``spec`` on copies of ``values`` moved to ``device``; return the output on the CPU."""
+def execute(spec: OpSpec, case: Case, values: Tensors, impl, device: torch.device) -> Tensors:
+    """Run ``spec`` on copies of ``values`` moved to ``device``; return every tensor afterwards, on the CPU."""
     tensors = {name: value.to(device).clone() for name, value in values.items()}
     if spec.level == "wrapper":
         impl.update_metadata(case_mapping(case))
     call = spec.make_call(case, tensors, device)
     getattr(impl, spec.name)(*call.args, **call.kwargs)
     impl.synchronize()
-    return tensors[spec.output].cpu()
+    return {name: tensor.cpu() for name, tensor in tensors.items()}
+
+
+def modified_inputs(spec: OpSpec, values: Tensors, after: Tensors) -> list[str]:
+    """The input tensors (all but the output) a call changed: inputs are read-only in every op's contract."""
+    return [
+        name
+        for name, value in values.items()
+        if name != spec.output and bool(bitwise_differences(after[name], value).any())
+    ]
 
 
 def _float64(values: Tensors) -> Tensors:
@@ -108,7 +119,7 @@ def run_case(target: Target, case: Case, case_id: str | None = None, values: Ten
     values = make_values(case) if values is None else values
     started = time.perf_counter()
     try:
-        actual = execute(spec, case, values, target, target.device)
+        after = execute(spec, case, values, target, target.device)
     except NotImplementedError as exc:
         return CaseResult(case_id, case, Outcome.NOT_SUPPORTED, f"{case.op} raised NotImplementedError: {exc}", features=features)
     except Exception as exc:  # noqa: BLE001 - any crash of the target is the BROKEN outcome
@@ -117,13 +128,15 @@ def run_case(target: Target, case: Case, case_id: str | None = None, values: Ten
         return CaseResult(case_id, case, Outcome.BROKEN, message, features=features, seconds=time.perf_counter() - started)
     seconds = time.perf_counter() - started
     cpu = torch.device("cpu")
-    oracle = execute(spec, case, _float64(values), ReferenceTarget(), cpu)
-    baseline = execute(spec, case, values, ReferenceTarget(), cpu)
-    verdict = judge(actual, oracle, baseline, values[spec.output], spec.written_mask(case))
-    if verdict.passed:
+    oracle = execute(spec, case, _float64(values), ReferenceTarget(), cpu)[spec.output]
+    baseline = execute(spec, case, values, ReferenceTarget(), cpu)[spec.output]
+    verdict = judge(after[spec.output], oracle, baseline, values[spec.output], spec.written_mask(case))
+    changed = modified_inputs(spec, values, after)
+    if verdict.passed and not changed:
         return CaseResult(case_id, case, Outcome.PASS, "", verdict.measurement, features, seconds)
     row_slots = spec.row_slots(case)
     details = [f"{p.text}: {describe_rows(p.rows, row_slots)}" if p.rows else p.text for p in verdict.problems]
+    details += [f"modified its input {name!r}, which every op must only read" for name in changed]
     failing_slots = tuple(sorted({row_slots[row] for p in verdict.problems for row in p.rows}))
     return CaseResult(case_id, case, Outcome.FAIL, "; ".join(details), verdict.measurement, features, seconds, failing_slots)
 

@@ -287,6 +287,20 @@ class ScaleAppliedTwice(PlainTorchTarget):
         return scale * (scale * product)
 
 
+class ScalesInputInPlace(PlainTorchTarget):
+    """The shrink scales its input activations in place to save a temporary (``x.mul_(scale)``).
+
+    The output is right, but the caller's ``x`` is changed: the next layer or slice reading it gets a
+    scaled copy. Inputs are read-only in every op's contract."""
+
+    name = "fault-scales-input-in-place"
+
+    def lora_shrink(self, inputs, lora_a_weights, output_tensor, *metadata_and_scaling):
+        *metadata, scaling = metadata_and_scaling
+        inputs.mul_(scaling)
+        super().lora_shrink(inputs, lora_a_weights, output_tensor, *metadata, 1.0)
+
+
 class ScaleIgnored(PlainTorchTarget):
     """The shrink ignores ``scale``: the first Gaudi wrapper passed 1.0 whatever the caller asked for.
 
@@ -562,6 +576,7 @@ FAULTS: tuple[type[PlainTorchTarget], ...] = (
     BiasOnNoAdapterRows,
     BiasScaled,
     BiasIgnoresOffsetStart,
+    ScalesInputInPlace,
 )
 """Faults the smoke profile must catch (at least one case ends FAIL)."""
 

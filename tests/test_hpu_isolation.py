@@ -129,7 +129,7 @@ def test_every_op_leaves_what_it_must_not_write_bit_identical(target_class):
         initial = values[spec.output]
         fill = specials.to(initial.dtype)[torch.arange(initial.numel()) % 4].reshape(initial.shape)
         initial = torch.where(written, initial, fill)
-        got = execute(spec, case, {**values, spec.output: initial}, target, target.device)
+        got = execute(spec, case, {**values, spec.output: initial}, target, target.device)[spec.output]
         assert torch.equal(bits(got)[~written], bits(initial)[~written]), case_id
 
 
@@ -204,14 +204,14 @@ def test_mask_and_gather_variants_agree(variants, op):
     reference, cpu = ReferenceTarget(), torch.device("cpu")
     for case_id, case in profile_cases("smoke", ops=(op,)):
         spec, values = OP_SPECS[op], make_values(case)
-        a = execute(spec, case, values, mask_target, mask_target.device)
-        b = execute(spec, case, values, gather_target, gather_target.device)
+        a = execute(spec, case, values, mask_target, mask_target.device)[spec.output]
+        b = execute(spec, case, values, gather_target, gather_target.device)[spec.output]
         written = spec.written_mask(case)
         assert torch.equal(bits(a)[~written], bits(b)[~written]), case_id
         if not written.any():
             continue
-        oracle = execute(spec, case, {k: v.double() if v.is_floating_point() else v for k, v in values.items()}, reference, cpu)
-        baseline = execute(spec, case, values, reference, cpu)
+        oracle = execute(spec, case, {k: v.double() if v.is_floating_point() else v for k, v in values.items()}, reference, cpu)[spec.output]
+        baseline = execute(spec, case, values, reference, cpu)[spec.output]
         tolerance = tolerance_for(a.dtype)
         scale = max(float(oracle[written].abs().max()), 1e-30)
         budget = tolerance.k * float((baseline.double() - oracle)[written].abs().max())
