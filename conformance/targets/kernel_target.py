@@ -121,6 +121,15 @@ class KernelTarget(Target):
     def implemented_ops(self) -> tuple[str, ...]:
         return self.kernel_ops() + tuple(op for op in WRAPPER_OPS if self.wrapper_implemented(op))
 
+    def derived_from(self, op: str) -> tuple[str, ...]:
+        """The kernel ops the derived wrapper method ``op`` calls (through its parts for ``add_lora_linear``);
+        ``()`` when the subclass defines ``op`` itself or it is not implemented."""
+        if not self.wrapper_implemented(op) or self.overrides(op):
+            return ()
+        if op in COMPOSED_OF:
+            return tuple(dict.fromkeys(kernel for part in COMPOSED_OF[op] for kernel in self.derived_from(part)))
+        return KERNELS_NEEDED[self.wrapper_path(op)][op]
+
     def _path(self, op: str) -> str:
         """``wrapper_path(op)``, or NotImplementedError naming the kernels that would make it work."""
         path = self.wrapper_path(op)

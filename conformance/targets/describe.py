@@ -1,0 +1,197 @@
+"""``python -m conformance.targets describe NAME``: which ops a target supports, per dtype, and why not.
+
+For every op (the kernel ops, then the wrapper ops) and every dtype the suite draws, one status:
+
+* ``implemented``: the target defines the op;
+* ``derived from kernels (…)``: a :class:`KernelTarget` composes the wrapper method from those of
+  its kernel ops (``add_lora_linear`` through ``add_shrink`` and ``add_expand``);
+* ``not supported: …``: why the suite will report the op's cases "not supported": the op is not
+  defined, the kernels a wrapper method would be derived from are missing (named, per composition,
+  so the list says what to implement next), the dtype is not in ``target.dtypes``, the target's own
+  ``unsupported_reason`` refuses a small probe case, or the target cannot run here.
+
+Restrictions a target declares per case rather than per op show up as a note after the status when
+a probe case with one feature (LoRA bias, a decode batch, several slices, a float32 expand input,
+4-D weight stacks) is refused where the plain probe is not. Other per-case refusals show up only
+in a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from conformance.cases.case import DTYPES, Case
+from conformance.ops import OP_SPECS, OpSpec
+
+from .base import KERNEL_OPS, WRAPPER_OPS, Target, TargetUnavailable
+from .kernel_target import COMPOSED_OF, KERNELS_NEEDED, KernelTarget
+from .registry import known_targets, resolve
+
+# Case features probed one at a time: (what, applies to the op, the fields changed).
+FEATURE_PROBES = (
+    ("LoRA bias", lambda spec: "bias" in spec.knobs, {"bias": True}),
+    ("a decode batch", lambda spec: "prefill" in spec.knobs, {"is_prefill": False}),
+    ("several slices", lambda spec: spec.max_slices > 1, {"output_slices": (16, 16, 16), "output_width": 48}),
+    ("a float32 expand input", lambda spec: "expand_input" in spec.knobs, {"expand_input_dtype": "float32"}),
+    ("4-D weight stacks", lambda spec: True, {"weights_4d": True}),
+)
+
+
+@dataclass(frozen=True)
+class OpStatus:
+    op: str
+    level: str  # "kernel" or "wrapper"
+    dtype: str
+    supported: bool
+    status: str  # "implemented", "derived from kernels (…)" or "not supported: …", maybe with notes
+
+
+@dataclass(frozen=True)
+class TargetDescription:
+    name: str
+    reference: str
+    description: str
+    usable: bool
+    reason: str  # why it cannot run here ("" when usable)
+    dtypes: tuple[str, ...]
+    wrapper_paths: tuple[str, ...] | None  # the compositions tried, for a KernelTarget
+    statuses: tuple[OpStatus, ...]
+
+    def status(self, op: str, dtype: str) -> OpStatus:
+        return next(s for s in self.statuses if s.op == op and s.dtype == dtype)
+
+
+def probe_case(op: str, dtype: str, **changes) -> Case:
+    """A small case of ``op``: two tokens of slot 0 and one without adapter, rank 8, 16 features."""
+    case = Case(
+        op=op, dtype=dtype, seq_lens=(2, 1), seq_slots=(0, -1), num_slots=2, max_rank=8, adapter_ranks=(8, 8),
+        hidden_size=16, output_slices=(16,), output_width=16,
+    )
+    return dataclasses.replace(case, **changes)
+
+
+def describe(name: str) -> TargetDescription:
+    """Every op × dtype status of the named target (a registered name or ``package.module:Class``)."""
+    return describe_class(resolve(name), name, known_targets().get(name, name))
+
+
+def describe_class(cls: type[Target], name: str | None = None, reference: str | None = None) -> TargetDescription:
+    """Every op × dtype status of a target class; constructs it unless it cannot run here."""
+    name = name or cls.name
+    try:
+        target = cls()
+    except TargetUnavailable as exc:
+        target, reason = cls.__new__(cls), str(exc)  # not constructed: only what its class defines
+    else:
+        reason = ""
+    statuses = tuple(
+        _status(target, op, dtype, reason)
+        for op in KERNEL_OPS + WRAPPER_OPS
+        for dtype in DTYPES
+    )
+    return TargetDescription(
+        name=name,
+        reference=reference or f"{cls.__module__}:{cls.__qualname__}",
+        description=cls.description,
+        usable=not reason,
+        reason=reason,
+        dtypes=tuple(d for d, torch_dtype in DTYPES.items() if torch_dtype in cls.dtypes),
+        wrapper_paths=tuple(cls.wrapper_paths) if issubclass(cls, KernelTarget) else None,
+        statuses=statuses,
+    )
+
+
+def _status(target: Target, op: str, dtype: str, unavailable: str) -> OpStatus:
+    level = "kernel" if op in KERNEL_OPS else "wrapper"
+    definition, defined = _definition(target, op)
+    if unavailable:
+        return OpStatus(op, level, dtype, False, f"not supported: {target.name} cannot run here (see above); as defined: {definition}")
+    if not defined:
+        return OpStatus(op, level, dtype, False, f"not supported: {definition}")
+    if DTYPES[dtype] not in target.dtypes:
+        claimed = ", ".join(d for d, t in DTYPES.items() if t in target.dtypes)
+        return OpStatus(op, level, dtype, False, f"not supported: {dtype} is not in {target.name}'s dtypes ({claimed})")
+    spec = OP_SPECS[op]
+    refused = _refusal(target, probe_case(op, dtype))
+    if refused:
+        return OpStatus(op, level, dtype, False, f"not supported: {refused}")
+    notes = _feature_notes(target, spec, op, dtype)
+    return OpStatus(op, level, dtype, True, definition + "".join(f"; {note}" for note in notes))
+
+
+def _definition(target: Target, op: str) -> tuple[str, bool]:
+    """What the target's class makes of ``op`` and whether that is an implementation."""
+    if op in target.implemented_ops():
+        if isinstance(target, KernelTarget) and op in WRAPPER_OPS and not target.overrides(op):
+            return _derivation(target, op), True
+        return "implemented", True
+    if isinstance(target, KernelTarget) and op in WRAPPER_OPS:
+        return _why_not_derived(target, op), False
+    return f"{target.name} does not define {op}", False
+
+
+def _derivation(target: KernelTarget, op: str) -> str:
+    kernels = ", ".join(target.derived_from(op))
+    if op not in COMPOSED_OF:
+        return f"derived from kernels ({kernels})"
+    parts = COMPOSED_OF[op]
+    own = [part for part in parts if target.overrides(part)]
+    sources = ([f"kernels ({kernels})"] if kernels else []) + ([f"{', '.join(own)} (implemented)"] if own else [])
+    return f"derived from {' and '.join(sources)} via {' then '.join(parts)}"
+
+
+def _why_not_derived(target: KernelTarget, op: str) -> str:
+    if not callable(getattr(target, op, None)):
+        return f"{target.name} sets {op} to None (opted out)"
+    if op in COMPOSED_OF:
+        missing = [part for part in COMPOSED_OF[op] if not target.wrapper_implemented(part)]
+        return "; ".join(f"needs {part}, which is {_why_not_derived(target, part).removeprefix('not supported: ')}" for part in missing)
+    present = set(target.kernel_ops())
+    options = []
+    for path in target.wrapper_paths:
+        missing = [kernel for kernel in KERNELS_NEEDED[path][op] if kernel not in present]
+        options.append(f"{' and '.join(missing)} ({path} composition)")
+    return "missing kernels " + " or ".join(options)
+
+
+def _refusal(target: Target, case: Case) -> str | None:
+    try:
+        return target.unsupported_reason(case)
+    except Exception as exc:  # noqa: BLE001 - a crash of the target's own check is worth saying
+        return f"unsupported_reason raised {type(exc).__name__}: {exc}"
+
+
+def _feature_notes(target: Target, spec: OpSpec, op: str, dtype: str) -> list[str]:
+    notes = []
+    for what, applies, changes in FEATURE_PROBES:
+        if applies(spec):
+            refused = _refusal(target, probe_case(op, dtype, **changes))
+            if refused:
+                notes.append(f"cases with {what} not supported: {refused}")
+    return notes
+
+
+def render(description: TargetDescription) -> str:
+    """The text ``describe`` prints: a header, one line per op × dtype, and a count."""
+    d = description
+    lines = [f"{d.name}  ({d.reference})"]
+    if d.description:
+        lines.append(d.description)
+    lines.append(f"can run here: {'yes' if d.usable else 'no: ' + d.reason}")
+    lines.append(f"dtypes: {', '.join(d.dtypes)}")
+    if d.wrapper_paths is not None:
+        lines.append(
+            "wrapper methods: derived from the kernel ops by KernelTarget unless defined; "
+            f"compositions tried in order: {', '.join(d.wrapper_paths)}"
+        )
+    lines.append("")
+    op_width = max(len(op) for op in KERNEL_OPS + WRAPPER_OPS)
+    dtype_width = max(len(dtype) for dtype in DTYPES)
+    lines.append(f"{'op':{op_width}}  {'level':7}  {'dtype':{dtype_width}}  status")
+    for s in d.statuses:
+        lines.append(f"{s.op:{op_width}}  {s.level:7}  {s.dtype:{dtype_width}}  {s.status}")
+    supported = sum(s.supported for s in d.statuses)
+    lines.append("")
+    lines.append(f"supported: {supported} of {len(d.statuses)} op × dtype pairs")
+    return "\n".join(lines)
