@@ -7,7 +7,6 @@ package that records the environment it was imported with.
 
 from __future__ import annotations
 
-import collections
 import importlib.util
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from profile_runs import run_profile
 
 from conformance.generator import profile_cases
 from conformance.reference import LoRAMapping
@@ -96,13 +96,8 @@ def test_no_module_of_the_suite_imports_the_habana_stack():
 @pytest.mark.parametrize("target_class", [HpuEmulatedTarget, HpuEmulatedGatherTarget])
 def test_emulated_targets_pass_the_smoke_profile(target_class):
     target = target_class()
-    outcomes, failures = collections.Counter(), []
     started = time.perf_counter()
-    for case_id, case in profile_cases("smoke"):
-        result = run_case(target, case, case_id)
-        outcomes[result.outcome] += 1
-        if result.outcome is not Outcome.PASS:
-            failures.append(f"{case_id}: {result.outcome.value}: {result.message}")
+    outcomes, failures = run_profile(target, profile_cases("smoke"))
     assert not failures, failures[:10]
     assert outcomes[Outcome.PASS] > 500
     print(f"{target.name}: {outcomes[Outcome.PASS]} cases pass in {time.perf_counter() - started:.1f}s")

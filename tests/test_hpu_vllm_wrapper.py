@@ -10,16 +10,15 @@
 
 from __future__ import annotations
 
-import collections
 
 import pytest
 import torch
+from profile_runs import run_profile
 
 pytest.importorskip("vllm.lora.punica_wrapper.punica_base", reason="needs vLLM (pip install 'lora-conformance[vllm]')")
 
 from conformance.generator import profile_cases  # noqa: E402
 from conformance.reference import LoRAMapping, PunicaWrapperReference  # noqa: E402
-from conformance.runner import run_case  # noqa: E402
 from conformance.targets._vllm import VllmWrapperMethods, import_vllm_module, lora_index_to_id, vllm_lora_mapping  # noqa: E402
 from conformance.targets.base import WRAPPER_OPS, Target  # noqa: E402
 from conformance.targets.hpu.vllm_wrapper import make_vllm_punica_wrapper_class  # noqa: E402
@@ -57,12 +56,7 @@ def test_the_class_is_a_vllm_punica_wrapper():
 def test_smoke_wrapper_cases_pass_through_the_vllm_subclass(variant):
     target = VllmSubclassTarget(variant)
     assert target.supports_bias()
-    outcomes, failures = collections.Counter(), []
-    for case_id, case in profile_cases("smoke", ops=WRAPPER_OPS):
-        result = run_case(target, case, case_id)
-        outcomes[result.outcome] += 1
-        if result.outcome is not Outcome.PASS:
-            failures.append(f"{case_id}: {result.outcome.value}: {result.message}")
+    outcomes, failures = run_profile(target, profile_cases("smoke", ops=WRAPPER_OPS))
     assert not failures, failures[:10]
     assert outcomes[Outcome.PASS] > 100
 
