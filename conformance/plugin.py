@@ -8,7 +8,10 @@ Outcome → pytest: pass → passed; fail and unexpected pass → failed; broken
 target (failed, "broken" in Allure); not supported → skipped with the reason; known failure → xfail.
 
 Under xdist every worker draws the same cases from the same seed, runs its share and appends its
-results to ``<report-dir>/results/<worker>.jsonl``; the controller merges them into ``results.json``.
+results to ``<report-dir>/results/<worker>.jsonl``; the controller merges them into ``results.json``
+and renders ``report.html`` (``conformance.report``). Across machines, ``--shard I/N`` (0-based) keeps
+the cases whose index in the profile's list is I modulo N; ``python -m conformance.report merge`` joins
+the shards' ``results.json`` files and gates them again.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from conformance.expectations import apply_expectations, load_expectations, ship
 from conformance.gate import gate_verdict, summarize
 from conformance.generator import DEFAULT_PROFILE, PROFILES, profile_cases
 from conformance.ops import OP_SPECS
+from conformance.report import write_html_report
 from conformance.runner import CaseResult, check_values, make_values, run_case
 from conformance.shrinking import shrink_failure
 from conformance.targets import TargetError, TargetUnavailable, known_targets, load
@@ -66,6 +70,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="FILE|none",
         help="known-failures file; 'none' for none (default: the file shipped for the target, if any)",
     )
+    group.addoption(
+        "--shard",
+        metavar="I/N",
+        help="run only shard I of N (0-based, 0 <= I < N): the cases whose index in the profile's list "
+        "is I modulo N; the same on every machine, merge with `python -m conformance.report merge`",
+    )
 
 
 class ConformanceRun:
@@ -96,6 +106,7 @@ class ConformanceRun:
         self.profile = option.profile
         self.shrink = option.shrink
         self.seed = option.seed
+        self.shard = self._shard(option.shard)
         self.report_dir = Path(option.report_dir or Path("reports") / self.target_name.replace(":", "_").replace("/", "_"))
         self.expectations_path = self._expectations_path(option.expectations)
         try:
@@ -113,11 +124,24 @@ class ConformanceRun:
             return Path(value)
         return shipped_expectations(self.target_name)
 
+    @staticmethod
+    def _shard(value: str | None) -> tuple[int, int] | None:
+        if value is None:
+            return None
+        index, _, count = value.partition("/")
+        if not (index.isdigit() and count.isdigit() and 0 <= int(index) < int(count)):
+            raise pytest.UsageError(f"--shard expects I/N with 0 <= I < N (0-based), got {value!r}")
+        return int(index), int(count)
+
     def entries(self):
-        """``(case_id, case, values or None)`` for every case of this run."""
+        """``(case_id, case, values or None)`` for every case of this run (of its shard, if any)."""
         if self.replay_entry is not None:
             return [self.replay_entry]
-        return [(case_id, case, None) for case_id, case in profile_cases(self.profile, self.seed)]
+        cases = profile_cases(self.profile, self.seed)
+        if self.shard:
+            index, count = self.shard
+            cases = [entry for position, entry in enumerate(cases) if position % count == index]
+        return [(case_id, case, None) for case_id, case in cases]
 
     def repro_command(self, replay_path: Path) -> str:
         return f"pytest conformance --target={self.target_name} --replay {replay_path}"
@@ -172,6 +196,7 @@ class ConformanceRun:
             "target": self.target_name,
             "profile": self.profile if not self.replay else "replay",
             "seed": self.seed,
+            "shard": f"{self.shard[0]}/{self.shard[1]}" if self.shard else None,
             "replay": self.replay,
             "expectations": str(self.expectations_path) if self.expectations_path else None,
             "python": sys.version.split()[0],
@@ -238,6 +263,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     document = {**run.about(), "gate": gate, "summary": summarize(results), "results": results}
     run.report_dir.mkdir(parents=True, exist_ok=True)
     (run.report_dir / "results.json").write_text(json.dumps(document, indent=1) + "\n")
+    write_html_report(document, run.report_dir / "report.html")
     config.stash[_GATE_KEY] = gate
     if not gate["passed"] and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -260,3 +286,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     for entry in gate["known_failures"]:
         write(f"known failure {entry['id']} ({entry['cases']} cases, expires {entry['expires']}): {', '.join(entry['upstream'])}")
     write(f"results: {run.report_dir / 'results.json'}")
+    write(f"report: {run.report_dir / 'report.html'}")

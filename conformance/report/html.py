@@ -1,0 +1,288 @@
+"""One self-contained HTML conformance report from a results document (``results.json``).
+
+The file has inline CSS and an inline SVG plot, no script and loads nothing: it reads the same offline,
+attached to a CI job or mailed to a release manager. Sections, top to bottom: the verdict with the gate
+rule and its reasons, the run (target, profile, seed, suite version), the op × dtype matrix grouped by
+level, the failures with their repro commands, the known failures, the budget ratios per op, and the
+environment fingerprint.
+
+Elements a test (or a scraper) can query: ``id="verdict"``, ``id="matrix"``, ``id="failures"``,
+``id="known-failures"``, ``id="budget-ratios"``, ``id="environment"``, and ``class="repro"`` on every
+repro command.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from html import escape
+from pathlib import Path
+
+from conformance.verdict import Outcome
+
+# Outcome → (css class, background colour). Order is the order of the legend and of a cell's badges.
+OUTCOME_STYLE = {
+    Outcome.PASS.value: ("pass", "#2e7d32"),
+    Outcome.FAIL.value: ("fail", "#c62828"),
+    Outcome.BROKEN.value: ("broken", "#6a1b9a"),
+    Outcome.NOT_SUPPORTED.value: ("not-supported", "#757575"),
+    Outcome.KNOWN_FAILURE.value: ("known-failure", "#ef6c00"),
+    Outcome.UNEXPECTED_PASS.value: ("unexpected-pass", "#ad1457"),
+}
+REJECTED = (Outcome.FAIL.value, Outcome.BROKEN.value, Outcome.UNEXPECTED_PASS.value)
+LEVELS = ("kernel", "wrapper")
+DTYPE_ORDER = ("float32", "float16", "bfloat16")
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5em auto;max-width:1200px;
+ color:#212121;padding:0 1em}
+h1{margin:0 0 .3em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
+#verdict{padding:1em 1.4em;border-radius:8px;color:#fff}
+#verdict.passed{background:#2e7d32}#verdict.failed{background:#c62828}
+#verdict .word{font-size:3em;font-weight:800;letter-spacing:.05em}
+#verdict ul{margin:.4em 0 0}
+table{border-collapse:collapse;margin:.5em 0;font-size:.92em}
+th,td{border:1px solid #ddd;padding:.3em .55em;text-align:left;vertical-align:top}
+th{background:#f5f5f5}
+tr.level th{background:#e3e8f0;font-size:1.02em}
+.badge{display:inline-block;color:#fff;border-radius:3px;padding:0 .4em;margin:1px;font-size:.9em;
+ white-space:nowrap}
+pre.repro{background:#263238;color:#eceff1;padding:.4em .6em;border-radius:4px;white-space:pre-wrap;
+ word-break:break-all;margin:.2em 0;font-size:.88em;user-select:all}
+.muted{color:#757575}.num{text-align:right;font-variant-numeric:tabular-nums}
+dl.run{display:grid;grid-template-columns:max-content auto;gap:.15em 1em}dl.run dt{font-weight:600}
+dl.run dd{margin:0}
+""" + "".join(f".{cls}{{background:{colour}}}" for cls, colour in OUTCOME_STYLE.values())
+
+
+def write_html_report(document: dict, path) -> Path:
+    """Render ``document`` (the content of ``results.json``) to ``path``; return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html_report(document), encoding="utf-8")
+    return path
+
+
+def render_html_report(document: dict) -> str:
+    results = document.get("results") or []
+    gate = document.get("gate") or {}
+    target = document.get("target", "?")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>LoRA conformance: {_e(target)} — {'PASS' if gate.get('passed') else 'FAIL'}</title>",
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>LoRA conformance report: {_e(target)}</h1>",
+        _verdict(gate),
+        _run(document, results),
+        _matrix(results),
+        _failures(results),
+        _known_failures(gate, results),
+        _budget_plot(results),
+        _environment(document),
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _e(value) -> str:
+    return escape("" if value is None else str(value))
+
+
+def _badge(outcome: str, text) -> str:
+    cls = OUTCOME_STYLE.get(outcome, ("other", "#000"))[0]
+    return f'<span class="badge {cls}" title="{_e(outcome)}">{_e(text)}</span>'
+
+
+def _verdict(gate: dict) -> str:
+    passed = bool(gate.get("passed"))
+    reasons = gate.get("reasons") or []
+    items = "".join(f"<li>{_e(reason)}</li>" for reason in reasons)
+    return (
+        f'<section id="verdict" class="{"passed" if passed else "failed"}">'
+        f'<div class="word">{"PASS" if passed else "FAIL"}</div>'
+        f'<div class="rule">gate: {_e(gate.get("rule", ""))}</div>'
+        + (f'<ul class="reasons">{items}</ul>' if items else "")
+        + "</section>"
+    )
+
+
+def _run(document: dict, results: list[dict]) -> str:
+    counts = Counter(result["outcome"] for result in results)
+    rows = [
+        ("target", document.get("target")),
+        ("profile", document.get("profile")),
+        ("seed", document.get("seed")),
+        ("suite version", document.get("suite_version")),
+        ("expectations", document.get("expectations") or "none"),
+    ]
+    if document.get("shard"):
+        rows.append(("shard", document["shard"]))
+    if document.get("merged_from"):
+        rows.append(("merged from", f"{len(document['merged_from'])} results files"))
+    if document.get("replay"):
+        rows.append(("replay", document["replay"]))
+    body = "".join(f"<dt>{_e(name)}</dt><dd>{_e(value)}</dd>" for name, value in rows)
+    legend = " ".join(_badge(outcome, f"{counts.get(outcome, 0)} {outcome}") for outcome in OUTCOME_STYLE)
+    return f'<section id="run"><h2>Run</h2><dl class="run">{body}</dl><p>{len(results)} cases: {legend}</p></section>'
+
+
+def _dtypes(results: list[dict]) -> list[str]:
+    seen = {result["dtype"] for result in results}
+    return [d for d in DTYPE_ORDER if d in seen] + sorted(seen - set(DTYPE_ORDER))
+
+
+def _matrix(results: list[dict]) -> str:
+    dtypes = _dtypes(results)
+    cells: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    levels: dict[str, set[str]] = defaultdict(set)
+    for result in results:
+        cells[result["op"], result["dtype"]][result["outcome"]] += 1
+        levels[result.get("level") or "other"].add(result["op"])
+    head = "<tr><th>op</th>" + "".join(f"<th>{_e(d)}</th>" for d in dtypes) + "</tr>"
+    rows = []
+    for level in [lv for lv in LEVELS if lv in levels] + sorted(set(levels) - set(LEVELS)):
+        rows.append(f'<tr class="level"><th colspan="{len(dtypes) + 1}">{_e(level)}</th></tr>')
+        for op in sorted(levels[level]):
+            tds = []
+            for dtype in dtypes:
+                cell = cells.get((op, dtype))
+                if not cell:
+                    tds.append('<td class="muted">—</td>')
+                    continue
+                badges = " ".join(_badge(o, f"{cell[o]} {o}") for o in OUTCOME_STYLE if cell.get(o))
+                tds.append(f'<td data-op="{_e(op)}" data-dtype="{_e(dtype)}">{badges}</td>')
+            rows.append(f"<tr><th>{_e(op)}</th>{''.join(tds)}</tr>")
+    if not results:
+        rows.append(f'<tr><td colspan="{len(dtypes) + 1}" class="muted">no case ran</td></tr>')
+    return f'<section><h2>Matrix: op × dtype</h2><table id="matrix">{head}{"".join(rows)}</table></section>'
+
+
+def _number(value, digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def _failures(results: list[dict]) -> str:
+    failing = [r for r in results if r["outcome"] in REJECTED]
+    if not failing:
+        return '<section id="failures"><h2>Failures</h2><p class="muted">none</p></section>'
+    head = (
+        "<tr><th>case</th><th>outcome</th><th>op</th><th>dtype</th><th>max abs error</th>"
+        "<th>max ULP</th><th>budget ratio</th><th>message and repro</th></tr>"
+    )
+    rows = []
+    for result in failing:
+        m = result.get("measurement") or {}
+        repro = result.get("repro")
+        detail = f"<div>{_e(result.get('message'))}</div>"
+        if repro:
+            detail += f'<pre class="repro">{_e(repro)}</pre>'
+        if result.get("replay"):
+            detail += f'<div class="muted">replay: <code>{_e(result["replay"])}</code></div>'
+        rows.append(
+            f'<tr id="case-{_e(result["id"])}"><td><code>{_e(result["id"])}</code></td>'
+            f"<td>{_badge(result['outcome'], result['outcome'])}</td><td>{_e(result['op'])}</td>"
+            f"<td>{_e(result['dtype'])}</td><td class=\"num\">{_number(m.get('max_abs_error'))}</td>"
+            f"<td class=\"num\">{_number(m.get('max_ulp'))}</td>"
+            f"<td class=\"num\">{_number(m.get('budget_ratio'))}</td><td>{detail}</td></tr>"
+        )
+    return (
+        f'<section><h2>Failures ({len(failing)})</h2>'
+        f'<table id="failures">{head}{"".join(rows)}</table></section>'
+    )
+
+
+def _known_failures(gate: dict, results: list[dict]) -> str:
+    entries = {entry["id"]: dict(entry) for entry in gate.get("known_failures") or []}
+    for result in results:  # a document without a gate section still lists its known failures
+        entry = result.get("expectation")
+        if result["outcome"] == Outcome.KNOWN_FAILURE.value and entry and entry.get("id") not in entries:
+            entries[entry["id"]] = {**entry, "cases": sum(
+                1 for r in results if r["outcome"] == Outcome.KNOWN_FAILURE.value and (r.get("expectation") or {}).get("id") == entry["id"]
+            )}
+    if not entries:
+        return '<section id="known-failures"><h2>Known failures</h2><p class="muted">none</p></section>'
+    rows = []
+    for entry in entries.values():
+        links = ", ".join(f'<a href="{_e(url)}">{_e(url)}</a>' for url in entry.get("upstream") or [])
+        rows.append(
+            f"<tr><td><code>{_e(entry.get('id'))}</code></td><td>{_e(entry.get('reason'))}</td>"
+            f"<td>{links or '—'}</td><td>{_e(entry.get('expires'))}</td>"
+            f"<td class=\"num\">{_e(entry.get('cases'))}</td></tr>"
+        )
+    head = "<tr><th>entry</th><th>reason</th><th>upstream</th><th>expires</th><th>cases</th></tr>"
+    return f'<section><h2>Known failures</h2><table id="known-failures">{head}{"".join(rows)}</table></section>'
+
+
+def _environment(document: dict) -> str:
+    environment = document.get("environment")
+    if not isinstance(environment, dict) or not environment:
+        keys = ("python", "suite_version", "target", "expectations", "shard")
+        environment = {key: document[key] for key in keys if document.get(key) is not None}
+    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in sorted(environment.items()))
+    return f'<section><h2>Environment</h2><table id="environment">{rows}</table></section>'
+
+
+# The plot: one row per op, log10(budget ratio) on x from LOG_MIN to LOG_MAX (clamped, beyond-range
+# points sit on the edge), a box from the quartiles with the median, and every case as a dot coloured
+# by its outcome. The dashed line at 0 is the budget: dots right of it are outside.
+LOG_MIN, LOG_MAX = -4.0, 2.0
+
+
+def _quantile(values: list[float], q: float) -> float:
+    position = q * (len(values) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (position - low)
+
+
+def _budget_plot(results: list[dict]) -> str:
+    per_op: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for result in results:
+        ratio = (result.get("measurement") or {}).get("budget_ratio")
+        if ratio is None or (isinstance(ratio, float) and math.isnan(ratio)):
+            continue
+        x = LOG_MAX if ratio == math.inf else (LOG_MIN if ratio <= 0 else math.log10(ratio))
+        per_op[result["op"]].append((min(max(x, LOG_MIN), LOG_MAX), result["outcome"]))
+    if not per_op:
+        return '<section><h2>Budget ratios</h2><p class="muted" id="budget-ratios">no measurements</p></section>'
+    left, width, row_h, top = 170, 640, 26, 20
+    height = top + row_h * len(per_op) + 34
+
+    def sx(x: float) -> float:
+        return left + (x - LOG_MIN) / (LOG_MAX - LOG_MIN) * width
+
+    parts = [
+        f'<svg id="budget-ratios" xmlns="http://www.w3.org/2000/svg" width="{left + width + 20}" '
+        f'height="{height}" font-family="sans-serif" font-size="11">'
+    ]
+    for tick in range(int(LOG_MIN), int(LOG_MAX) + 1):
+        x = sx(tick)
+        dash = ' stroke-dasharray="4 3" stroke="#c62828"' if tick == 0 else ' stroke="#e0e0e0"'
+        parts.append(f'<line x1="{x:.1f}" y1="{top - 6}" x2="{x:.1f}" y2="{height - 28}"{dash}/>')
+        parts.append(f'<text x="{x:.1f}" y="{height - 14}" text-anchor="middle">1e{tick}</text>')
+    parts.append(
+        f'<text x="{left + width / 2:.0f}" y="{height - 1}" text-anchor="middle">'
+        "budget ratio (error ÷ budget, log scale; right of the dashed line = outside the budget)</text>"
+    )
+    for row, op in enumerate(sorted(per_op)):
+        points = per_op[op]
+        y = top + row * row_h + row_h / 2
+        values = sorted(x for x, _ in points)
+        q1, q2, q3 = (_quantile(values, q) for q in (0.25, 0.5, 0.75))
+        parts.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">{_e(op)} ({len(points)})</text>')
+        parts.append(
+            f'<rect x="{sx(q1):.1f}" y="{y - 8:.1f}" width="{max(sx(q3) - sx(q1), 1):.1f}" height="16" '
+            'fill="#bbdefb" stroke="#1565c0"/>'
+        )
+        parts.append(f'<line x1="{sx(q2):.1f}" y1="{y - 8:.1f}" x2="{sx(q2):.1f}" y2="{y + 8:.1f}" stroke="#0d47a1" stroke-width="2"/>')
+        for index, (x, outcome) in enumerate(points):
+            colour = OUTCOME_STYLE.get(outcome, ("", "#000"))[1]
+            jitter = ((index * 7919) % 11 - 5) * 0.9
+            parts.append(f'<circle cx="{sx(x):.1f}" cy="{y + jitter:.1f}" r="2.2" fill="{colour}" fill-opacity="0.75"/>')
+    parts.append("</svg>")
+    return "<section><h2>Budget ratios per op</h2>" + "".join(parts) + "</section>"
