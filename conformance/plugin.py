@@ -148,6 +148,7 @@ class ConformanceRun:
 
     def run(self, entry) -> CaseResult:
         case_id, case, values = entry
+        values = make_values(case) if values is None else values  # once: the run and a replay share them
         result = run_case(self.target, case, case_id, values)
         result = apply_expectations(result, self.expectations, self.today)
         if result.outcome in (Outcome.FAIL, Outcome.BROKEN, Outcome.KNOWN_FAILURE):
@@ -155,7 +156,7 @@ class ConformanceRun:
                 self.report_dir / "replays",
                 case_id,
                 case,
-                make_values(case) if values is None else values,
+                values,
                 target=self.target_name,
                 outcome=result.outcome.value,
                 message=result.message,
