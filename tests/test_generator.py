@@ -208,11 +208,14 @@ def test_profile_drawing_is_deterministic(standard, no_profile_cache):
     assert first == [(i, c) for i, c in standard if c.op in SUBSET["ops"] and c.dtype in SUBSET["dtypes"]]
 
 
-def test_profile_drawing_does_not_depend_on_the_process(no_profile_cache):
-    # Every xdist worker draws the profile itself: another interpreter, with another hash seed, must
-    # collect the very same cases.
+def test_profile_drawing_does_not_depend_on_the_process(no_profile_cache, tmp_path):
+    # Every xdist worker, every shard on another machine draws the profile itself: another
+    # interpreter, with another hash seed and other local modules imported (Hypothesis may harvest
+    # integer literals from those), must collect the very same cases.
+    (tmp_path / "constants_bait.py").write_text(f"BAIT = {list(range(1, 400, 3))}\n")
     script = (
-        "import json; from conformance.generator import profile_cases; "
+        f"import json, sys; sys.path.insert(0, {str(tmp_path)!r}); import constants_bait; "
+        "from conformance.generator import profile_cases; "
         f"print(json.dumps([(i, c.to_json()) for i, c in profile_cases('standard', **{SUBSET!r})]))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "4242", "LORA_CONFORMANCE_CACHE": "off"}
