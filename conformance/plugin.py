@@ -205,6 +205,7 @@ class ConformanceRun:
 
 
 _RUN_KEY = pytest.StashKey[ConformanceRun]()
+_GATE_KEY = pytest.StashKey[dict]()  # the gate, computed at session finish, printed in the summary
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -268,9 +269,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config.stash[_GATE_KEY] = gate
     if not gate["passed"] and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-_GATE_KEY = pytest.StashKey[dict]()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
