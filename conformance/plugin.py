@@ -12,6 +12,13 @@ results to ``<report-dir>/results/<worker>.jsonl``; the controller merges them i
 and renders ``report.html`` (``conformance.report``). Across machines, ``--shard I/N`` (0-based) keeps
 the cases whose index in the profile's list is I modulo N; ``python -m conformance.report merge`` joins
 the shards' ``results.json`` files and gates them again.
+
+Artifacts of every run, in the report dir: ``results.json`` (with the environment fingerprint and
+which device each worker used), ``report.html``, ``junit.xml`` (unless ``--junitxml`` names another;
+the fingerprint as test-suite properties), ``allure-results/`` (unless ``--alluredir`` names another;
+labels and categories from ``conformance.report.allure_results``) and ``replays/``. ``--devices``
+gives each xdist worker its own device (``conformance.devices``); the controller prints progress
+lines (``conformance.report.progress``).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -28,17 +36,33 @@ import torch
 import conformance
 from conformance import hypothesis_profile
 from conformance.cases.replay import read_replay, write_replay
+from conformance.devices import assign_device
 from conformance.expectations import apply_expectations, load_expectations, shipped_expectations
 from conformance.gate import gate_verdict, summarize
 from conformance.generator import DEFAULT_PROFILE, PROFILES, profile_cases
 from conformance.ops import OP_SPECS
 from conformance.report import write_html_report
+from conformance.report.allure_results import label_current_test, write_results_extras
+from conformance.report.fingerprint import device_description, environment_fingerprint
+from conformance.report.progress import Progress
 from conformance.runner import CaseResult, check_values, make_values, run_case
 from conformance.shrinking import shrink_failure
 from conformance.targets import TargetError, TargetUnavailable, known_targets, load
 from conformance.verdict import Outcome
 
 SUITE_VERSION = conformance.__version__
+
+
+class CaseEntry(tuple):
+    """``(case_id, case, values or None)``, whose repr is the case id.
+
+    allure-pytest shows a test's parameters by repr and hashes them into the history id; the case's
+    repr holds its seed, and seeds must not split a case's history (the seed is an excluded
+    parameter of its own, see ``conformance.report.allure_results``).
+    """
+
+    def __repr__(self) -> str:
+        return self[0]
 
 
 class TargetBroken(Exception):
@@ -76,6 +100,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run only shard I of N (0-based, 0 <= I < N): the cases whose index in the profile's list "
         "is I modulo N; the same on every machine, merge with `python -m conformance.report merge`",
     )
+    group.addoption(
+        "--devices",
+        metavar="auto|0,1,...",
+        help="one device per xdist worker: worker gwN uses the N-th listed device (auto: device N), set "
+        "through HABANA_VISIBLE_MODULES (hpu targets) or CUDA_VISIBLE_DEVICES (cuda) before the target loads",
+    )
+    group.addoption("--device-env", metavar="VAR", help="the visible-devices variable --devices sets, for other device types")
+    group.addoption(
+        "--progress-every",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="print a [progress] line this often, and at the end (0: after every case, negative: never; "
+        "default %(default)s)",
+    )
 
 
 class ConformanceRun:
@@ -99,6 +138,8 @@ class ConformanceRun:
             raise pytest.UsageError(
                 f"--target is required; known targets: {', '.join(sorted(known_targets()))} (or package.module:Class)"
             )
+        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        self.device_assignment = assign_device(config, self.target_name)  # before the runtime loads
         try:
             self.target = load(self.target_name)
         except (TargetError, TargetUnavailable) as exc:
@@ -136,12 +177,12 @@ class ConformanceRun:
     def entries(self):
         """``(case_id, case, values or None)`` for every case of this run (of its shard, if any)."""
         if self.replay_entry is not None:
-            return [self.replay_entry]
+            return [CaseEntry(self.replay_entry)]
         cases = profile_cases(self.profile, self.seed)
         if self.shard:
             index, count = self.shard
             cases = [entry for position, entry in enumerate(cases) if position % count == index]
-        return [(case_id, case, None) for case_id, case in cases]
+        return [CaseEntry((case_id, case, None)) for case_id, case in cases]
 
     def repro_command(self, replay_path: Path) -> str:
         return f"pytest conformance --target={self.target_name} --replay {replay_path}"
@@ -187,9 +228,19 @@ class ConformanceRun:
         result.repro = f"{result.repro}\nshrunk ({shape}): {self.repro_command(path)}"
 
     def record(self, result: CaseResult) -> None:
+        """Append the result (any object with ``to_json()`` in the results schema) and label the test for Allure."""
+        record = {**result.to_json(), "worker": self.worker}
+        label_current_test(record, self.seed)
         self.results_path.parent.mkdir(parents=True, exist_ok=True)
         with self.results_path.open("a") as stream:
-            stream.write(json.dumps(result.to_json()) + "\n")
+            stream.write(json.dumps(record) + "\n")
+
+    def worker_info(self) -> dict:
+        """Which device this process ran its cases on (its name is read after the cases ran)."""
+        info = {"worker": self.worker, "pid": os.getpid()}
+        if self.device_assignment:
+            info[self.device_assignment["variable"]] = self.device_assignment["device"]
+        return {**info, **device_description(self.target.device.type)}
 
     def about(self) -> dict:
         return {
@@ -206,20 +257,52 @@ class ConformanceRun:
 
 _RUN_KEY = pytest.StashKey[ConformanceRun]()
 _GATE_KEY = pytest.StashKey[dict]()  # the gate, computed at session finish, printed in the summary
+_WORKERS_KEY = pytest.StashKey[list]()  # the controller's record of each worker's device
 
 
+@pytest.hookimpl(tryfirst=True)  # before junitxml and allure-pytest read the paths set here
 def pytest_configure(config: pytest.Config) -> None:
     hypothesis_profile.load()
     torch.set_num_threads(config.option.torch_threads)
     config.addinivalue_line("markers", "kernel: a kernel-level op case (design level 1)")
     config.addinivalue_line("markers", "wrapper: a PunicaWrapper-level op case (design level 2)")
+    controller = not hasattr(config, "workerinput")
     run = ConformanceRun(config)
     config.stash[_RUN_KEY] = run
-    if not hasattr(config, "workerinput"):  # the controller (or a serial run) starts from a clean slate
+    _default_artifact_paths(config, run, controller)
+    if controller:  # the controller (or a serial run) starts from a clean slate
         results_dir = run.results_path.parent
         if results_dir.is_dir():
             for stale in results_dir.glob("*.jsonl"):
                 stale.unlink()
+        config.stash[_WORKERS_KEY] = []
+        config.pluginmanager.register(WorkerCollector(config), "lora-conformance-workers")
+        if config.option.progress_every >= 0:
+            config.pluginmanager.register(Progress(config, config.option.progress_every), "lora-conformance-progress")
+
+
+def _default_artifact_paths(config: pytest.Config, run: ConformanceRun, controller: bool) -> None:
+    """JUnit XML and Allure results go to the report dir unless the user named other places."""
+    option = config.option
+    if getattr(option, "xmlpath", "absent") is None:
+        option.xmlpath = str(run.report_dir / "junit.xml")
+    if getattr(option, "allure_report_dir", "absent") is None:
+        option.allure_report_dir = str(run.report_dir / "allure-results")
+        if controller:  # results of an earlier run would mix into this one (workers never clean)
+            shutil.rmtree(option.allure_report_dir, ignore_errors=True)
+
+
+class WorkerCollector:
+    """In the controller: each xdist worker's device record, sent back in its ``workeroutput``."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        info = getattr(node, "workeroutput", {}).get("lora_conformance_worker")
+        if info:
+            self.config.stash[_WORKERS_KEY].append(info)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -252,17 +335,26 @@ def report_outcome(result: CaseResult) -> None:
     pytest.fail(f"{result.outcome.value}: {result.message}{repro}", pytrace=False)
 
 
+@pytest.hookimpl(tryfirst=True)  # before junitxml writes its file: the fingerprint goes into it
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    if hasattr(config, "workerinput"):
-        return
     run = config.stash[_RUN_KEY]
+    if hasattr(config, "workerinput"):
+        config.workeroutput["lora_conformance_worker"] = run.worker_info()
+        return
+    workers = sorted(config.stash[_WORKERS_KEY], key=lambda w: w["worker"]) or [run.worker_info()]
     results = []
     for path in sorted((run.report_dir / "results").glob("*.jsonl")):
         results.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
     results.sort(key=lambda r: r["id"])
     gate = gate_verdict(results, exitstatus)
-    document = {**run.about(), "gate": gate, "summary": summarize(results), "results": results}
+    environment = environment_fingerprint(environ=os.environ)
+    devices = list(dict.fromkeys((w.get("device"), w.get("driver")) for w in workers))
+    environment["device"] = "; ".join(str(name) for name, _ in devices)
+    environment["driver"] = "; ".join(dict.fromkeys(str(driver) for _, driver in devices))
+    document = {**run.about(), "environment": environment, "workers": workers}
+    document.update(gate=gate, summary=summarize(results), results=results)
+    _record_fingerprint(config, environment)
     run.report_dir.mkdir(parents=True, exist_ok=True)
     (run.report_dir / "results.json").write_text(json.dumps(document, indent=1) + "\n")
     write_html_report(document, run.report_dir / "report.html")
@@ -286,3 +378,23 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         write(f"known failure {entry['id']} ({entry['cases']} cases, expires {entry['expires']}): {', '.join(entry['upstream'])}")
     write(f"results: {run.report_dir / 'results.json'}")
     write(f"report: {run.report_dir / 'report.html'}")
+    if config.option.xmlpath:
+        write(f"junit: {config.option.xmlpath}")
+    if getattr(config.option, "allure_report_dir", None):
+        write(f"allure results: {config.option.allure_report_dir} (HTML: python -m conformance.report allure {run.report_dir})")
+
+
+def _record_fingerprint(config: pytest.Config, environment: dict) -> None:
+    """The fingerprint as JUnit test-suite properties and Allure's environment.properties.
+
+    ``record_testsuite_property`` is a fixture that does nothing in xdist workers, so the controller
+    adds the properties to the JUnit writer itself (junitxml's stash key: pytest has no public one).
+    """
+    from _pytest.junitxml import xml_key
+
+    xml = config.stash.get(xml_key, None)
+    if xml is not None:
+        for name, value in environment.items():
+            xml.add_global_property(name, value)
+    if getattr(config.option, "allure_report_dir", None):
+        write_results_extras(config.option.allure_report_dir, environment)

@@ -154,6 +154,11 @@ def test_shards_merge_into_the_unsharded_run(tmp_path):
     assert [r["id"] for r in merged["results"]] == [r["id"] for r in unsharded["results"]]
     assert merged["gate"] == unsharded["gate"] and merged["summary"] == unsharded["summary"]
     assert "PASS" in parse(merged_dir / "report.html").text["#verdict"][0]
+    # one machine, two shards: the same fingerprint once, and both shards' workers
+    fingerprints = [json.loads(f.read_text())["environment"] for f in shard_files]
+    assert fingerprints[0] == fingerprints[1] == merged["environment"] and "environments" not in merged
+    assert merged["environment"]["git_commit"] in parse(merged_dir / "report.html").text["#environment"][0]
+    assert [w["source"] for w in merged["workers"]] == [str(f) for f in shard_files]
 
     completed = report_cli("merge", str(shard_files[0]), "--out", str(tmp_path / "half"))
     assert completed.returncode == 1 and "shard(s) 1/2 missing" in completed.stdout
@@ -180,6 +185,24 @@ def test_merge_refuses_different_targets_and_conflicting_outcomes(tmp_path):
         raise AssertionError("conflicting outcomes merged")
     same = merge_documents([ours, document(SYNTHETIC[:1])])  # the same case twice, same outcome: one case
     assert [r["id"] for r in same["results"]] == sorted(r["id"] for r in SYNTHETIC[:2])
+
+
+def test_merge_of_machines_that_differ_keeps_each_fingerprint(tmp_path):
+    gaudi2 = {"git_commit": "abc", "torch": "2.6.0", "device": "hpu: GAUDI2", "env.PT_HPU_LAZY_MODE": "1"}
+    gaudi3 = {**gaudi2, "device": "hpu: GAUDI3"}
+    first = document(SYNTHETIC[:1], shard="0/2", environment=gaudi2, workers=[{"worker": "gw0", "HABANA_VISIBLE_MODULES": "0"}])
+    second = document(SYNTHETIC[1:2], shard="1/2", environment=gaudi3)
+    merged = merge_documents([first, second], ["m0/results.json", "m1/results.json"])
+    assert merged["environment"]["device"] == "hpu: GAUDI2; hpu: GAUDI3" and merged["environment"]["torch"] == "2.6.0"
+    assert [(f["source"], f["shard"], f["environment"]) for f in merged["environments"]] == [
+        ("m0/results.json", "0/2", gaudi2), ("m1/results.json", "1/2", gaudi3)
+    ]  # fmt: skip
+    assert merged["workers"] == [{"source": "m0/results.json", "worker": "gw0", "HABANA_VISIBLE_MODULES": "0"}]
+    page = parse(write_html_report(merged, tmp_path / "merged.html"))
+    [environment] = page.text["#environment"]
+    assert "m0/results.json (shard 0/2)" in environment and "GAUDI2" in environment and "GAUDI3" in environment
+    assert [text for text in page.text[".differs"]] == ["devicehpu: GAUDI2hpu: GAUDI3"]  # only the row that differs
+    assert "HABANA_VISIBLE_MODULES" in page.text["#workers"][0]
 
 
 def test_merge_keeps_a_failure_the_results_do_not_show():

@@ -2,9 +2,13 @@
 
     python -m conformance.report html RESULTS.json --out report.html
     python -m conformance.report merge RESULTS.json [RESULTS.json ...] --out DIR
+    python -m conformance.report allure REPORT_DIR [--out DIR] [--tools DIR]
 
 ``merge`` writes DIR/results.json and DIR/report.html, prints the verdict line and exits 0 iff the
-merged gate passes (1 when it fails, 2 when the inputs cannot be merged).
+merged gate passes (1 when it fails, 2 when the inputs cannot be merged). ``allure`` turns
+REPORT_DIR/allure-results into one self-contained REPORT_DIR/allure-report/index.html with the pinned
+npm allure (``npm ci --prefix report-tools`` first), offline; it exits 2 naming what to install when
+Node or that install is missing.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from conformance.report.allure_html import AllureToolMissing, generate_allure_html
 from conformance.report.html import write_html_report
 from conformance.report.merge import MergeError, merge_documents, read_document
 
@@ -37,7 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     merge = commands.add_parser("merge", help="merge the results of shards or machines, gate them again")
     merge.add_argument("results", metavar="RESULTS.json", nargs="+")
     merge.add_argument("--out", metavar="DIR", required=True, help="where results.json and report.html go")
+    allure = commands.add_parser("allure", help="generate the single-file Allure HTML report from REPORT_DIR/allure-results")
+    allure.add_argument("report_dir", metavar="REPORT_DIR")
+    allure.add_argument("--out", metavar="DIR", help="output folder (default: REPORT_DIR/allure-report)")
+    allure.add_argument("--tools", metavar="DIR", help="the npm-installed report-tools folder (default: the checkout's)")
     args = parser.parse_args(argv)
+    if args.command == "allure":
+        return _allure(args)
     try:
         if args.command == "html":
             document = read_document(args.results)
@@ -54,6 +65,16 @@ def main(argv: list[str] | None = None) -> int:
     print(verdict_line(document))
     print(f"results: {out / 'results.json'}\nreport: {out / 'report.html'}")
     return 0 if document["gate"]["passed"] else 1
+
+
+def _allure(args) -> int:
+    try:
+        index = generate_allure_html(args.report_dir, args.out, args.tools)
+    except (AllureToolMissing, FileNotFoundError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"allure report: {index}")
+    return 0
 
 
 if __name__ == "__main__":

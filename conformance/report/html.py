@@ -7,8 +7,10 @@ level, the failures with their repro commands, the known failures, the budget ra
 environment fingerprint.
 
 Elements a test (or a scraper) can query: ``id="verdict"``, ``id="matrix"``, ``id="failures"``,
-``id="known-failures"``, ``id="budget-ratios"``, ``id="environment"``, and ``class="repro"`` on every
-repro command.
+``id="known-failures"``, ``id="budget-ratios"``, ``id="environment"`` (the fingerprint: suite commit,
+versions, device, driver, numerics environment variables; one column per input of a merge whose
+machines differ, ``class="differs"`` on the rows that do), ``id="workers"`` (device per worker), and
+``class="repro"`` on every repro command.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ OUTCOME_STYLE = {
     Outcome.UNEXPECTED_PASS.value: ("unexpected-pass", "#ad1457"),
 }
 REJECTED = (Outcome.FAIL.value, Outcome.BROKEN.value, Outcome.UNEXPECTED_PASS.value)
-LEVELS = ("kernel", "wrapper")
+LEVELS = ("kernel", "wrapper", "layer", "model")  # the design's order; other levels follow, sorted
 DTYPE_ORDER = ("float32", "float16", "bfloat16")
 
 CSS = """
@@ -52,6 +54,7 @@ pre.repro{background:#263238;color:#eceff1;padding:.4em .6em;border-radius:4px;w
 .muted{color:#757575}.num{text-align:right;font-variant-numeric:tabular-nums}
 dl.run{display:grid;grid-template-columns:max-content auto;gap:.15em 1em}dl.run dt{font-weight:600}
 dl.run dd{margin:0}
+tr.differs th,tr.differs td{background:#fff3e0}
 """ + "".join(f".{cls}{{background:{colour}}}" for cls, colour in OUTCOME_STYLE.values())
 
 
@@ -219,12 +222,37 @@ def _known_failures(gate: dict, results: list[dict]) -> str:
 
 
 def _environment(document: dict) -> str:
+    """The fingerprint; for a merge of machines that differ, one column per input; then the workers."""
+    fingerprints = [f for f in document.get("environments") or [] if isinstance(f.get("environment"), dict)]
     environment = document.get("environment")
-    if not isinstance(environment, dict) or not environment:
-        keys = ("python", "suite_version", "target", "expectations", "shard")
-        environment = {key: document[key] for key in keys if document.get(key) is not None}
-    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in sorted(environment.items()))
-    return f'<section><h2>Environment</h2><table id="environment">{rows}</table></section>'
+    if len(fingerprints) > 1:
+        keys = list(dict.fromkeys(k for f in fingerprints for k in f["environment"]))
+        head = "<tr><th></th>" + "".join(
+            f"<th>{_e(f['source'])}" + (f" (shard {_e(f['shard'])})" if f.get("shard") else "") + "</th>" for f in fingerprints
+        ) + "</tr>"
+        rows = []
+        for key in keys:
+            values = [f["environment"].get(key) for f in fingerprints]
+            differs = ' class="differs"' if len({str(v) for v in values}) > 1 else ""
+            rows.append(f"<tr{differs}><th>{_e(key)}</th>" + "".join(f"<td>{_e(v)}</td>" for v in values) + "</tr>")
+        table = f'<p>{len(fingerprints)} inputs, fingerprints differ (rows marked):</p><table id="environment">{head}{"".join(rows)}</table>'
+    else:
+        if not isinstance(environment, dict) or not environment:
+            keys = ("python", "suite_version", "target", "expectations", "shard")
+            environment = {key: document[key] for key in keys if document.get(key) is not None}
+        rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in environment.items())
+        table = f'<table id="environment">{rows}</table>'
+    return f"<section><h2>Environment</h2>{table}{_workers(document.get('workers') or [])}</section>"
+
+
+def _workers(workers: list[dict]) -> str:
+    """Which process ran on which device (``--devices``), when there is more than one or one was assigned."""
+    if not workers or (len(workers) == 1 and set(workers[0]) <= {"worker", "pid", "device", "driver"}):
+        return ""
+    columns = list(dict.fromkeys(k for w in workers for k in w if k != "pid"))
+    head = "".join(f"<th>{_e(c)}</th>" for c in columns)
+    rows = "".join("<tr>" + "".join(f"<td>{_e(w.get(c, '—'))}</td>" for c in columns) + "</tr>" for w in workers)
+    return f'<h3>Workers</h3><table id="workers"><tr>{head}</tr>{rows}</table>'
 
 
 # The plot: one row per op, log10(budget ratio) on x from LOG_MIN to LOG_MAX (clamped, beyond-range

@@ -2,7 +2,8 @@
 
 Every input must come from the same suite version, target, profile and seed (otherwise the cases are
 not the same population and the merged verdict would mean nothing); a case id seen twice must have
-ended the same way. The gate is applied afresh to the union (``conformance.gate``), and it fails too
+ended the same way. Each input's environment fingerprint is kept (``environments``) when they differ,
+and every input's workers with their devices (``workers``). The gate is applied afresh to the union (``conformance.gate``), and it fails too
 when an input's own gate failed for a reason its results do not show (pytest interrupted, a worker
 crashed), or when the inputs are shards ``I/N`` and some shard of ``N`` is missing.
 """
@@ -76,6 +77,15 @@ def merge_documents(documents: list[dict], sources: list[str] | None = None) -> 
     environment = _environment(documents)
     if environment:
         merged["environment"] = environment
+    fingerprints = [
+        {"source": source, "shard": document.get("shard"), "environment": document.get("environment") or {}}
+        for source, document in zip(sources, documents)
+    ]
+    if len({json.dumps(f["environment"], sort_keys=True) for f in fingerprints}) > 1:
+        merged["environments"] = fingerprints  # machines differ: keep each one's whole fingerprint
+    merged["workers"] = [
+        {"source": source, **worker} for source, document in zip(sources, documents) for worker in document.get("workers") or []
+    ]
     merged.update(gate=gate, summary=summarize(results), results=results)
     return merged
 

@@ -1,0 +1,96 @@
+"""Allure results for every run: labels per case, the fingerprint, and categories for our outcomes.
+
+allure-pytest writes one ``*-result.json`` per test; this module adds what makes them a conformance
+report rather than a list of test names:
+
+* suites: parentSuite = level (kernel, wrapper, model, …), suite = op, subSuite = edge-case family,
+  so Allure's tree reads like the matrix; tags: dtype and the case's features;
+* severity (``SEVERITY_BY_LEVEL``): a level every target must implement is *critical*: the wrapper
+  ops (the design makes level 2 the required contract; the profiles draw every op of every level,
+  so the required set is a property of the level, not of the profile) and end-to-end generation
+  (level ``model``: what a user sees); the kernel ops are optional for a target (a wrapper may be
+  built without them), so *normal*; anything else *normal*;
+* parameters: dtype and shape (tokens, sequences, slots, ranks, hidden, slices) count towards
+  Allure's history id; the case seed and the run seed are parameters too but ``excluded``, so the
+  history of a case is not split by seeds;
+* ``environment.properties``: the fingerprint; ``categories.json``: our outcomes as Allure categories
+  (``CATEGORIES``; how the plugin maps outcomes to pytest, and so to Allure statuses, is in
+  ``conformance.plugin``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SEVERITY_BY_LEVEL = {"wrapper": "critical", "model": "critical", "layer": "critical", "kernel": "normal"}
+DEFAULT_SEVERITY = "normal"
+
+# Allure assigns a result to the first category that matches (status, then message regex); the
+# messages are those conformance.plugin.report_outcome raises, as allure-pytest formats them.
+CATEGORIES = [
+    {"name": "Unexpected pass (listed as known failure, yet passed)", "matchedStatuses": ["failed"], "messageRegex": r"(?s).*unexpected pass: .*"},
+    {"name": "Numeric failure (outside the error budget, wrote untouched rows, NaN/Inf)", "matchedStatuses": ["failed"], "messageRegex": r"(?s).*\bfail: .*"},
+    {"name": "Broken (the target raised)", "matchedStatuses": ["broken"], "messageRegex": r"(?s).*TargetBroken.*"},
+    {"name": "Known failure (expectations file)", "matchedStatuses": ["skipped"], "messageRegex": r"(?s).*known failure .*"},
+    {"name": "Not supported (declared by the target)", "matchedStatuses": ["skipped"], "messageRegex": r"(?s).*not supported: .*"},
+    {"name": "Harness error (not a target outcome)", "matchedStatuses": ["failed", "broken"]},
+]  # fmt: skip
+
+
+def label_current_test(record: dict, run_seed: int | None = None) -> None:
+    """Label the running test from its result record (the results.json schema); no-op without Allure."""
+    import allure  # allure-pytest is a dependency; imported here so the report layer loads without it
+
+    level, op = record.get("level") or "other", record.get("op") or "?"
+    dynamic = allure.dynamic
+    dynamic.parent_suite(level)
+    dynamic.suite(op)
+    if record.get("family"):
+        dynamic.sub_suite(record["family"])
+    dynamic.severity(SEVERITY_BY_LEVEL.get(level, DEFAULT_SEVERITY))
+    # the level is a tag already: allure-pytest turns the test's pytest markers (kernel, wrapper) into tags
+    dynamic.tag(*[str(t) for t in (record.get("dtype"), *(record.get("features") or ())) if t])
+    if record.get("dtype"):
+        dynamic.parameter("dtype", record["dtype"])
+    case = record.get("case") or {}
+    shape = case_shape(case)
+    if shape:
+        dynamic.parameter("shape", shape)
+    if case.get("seed") is not None:
+        dynamic.parameter("case seed", case["seed"], excluded=True)
+    if run_seed is not None:
+        dynamic.parameter("run seed", run_seed, excluded=True)
+
+
+def case_shape(case: dict) -> str:
+    """A one-line shape of a case (its structure, not its values)."""
+    if not case.get("seq_lens"):
+        return ""
+    parts = [
+        f"tokens={sum(case['seq_lens'])}",
+        f"seqs={len(case['seq_lens'])}",
+        f"slots={case.get('num_slots')}",
+        f"rank={case.get('max_rank')}",
+        f"hidden={case.get('hidden_size')}",
+        f"slices={list(case.get('output_slices') or ())}",
+    ]
+    return " ".join(parts)
+
+
+def write_results_extras(results_dir, fingerprint: dict) -> None:
+    """``environment.properties`` (the fingerprint) and ``categories.json`` in an Allure results dir."""
+    results_dir = Path(results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    lines = [f"{_escape_key(k)}={_escape_value(v)}" for k, v in fingerprint.items()]
+    (results_dir / "environment.properties").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (results_dir / "categories.json").write_text(json.dumps(CATEGORIES, indent=1) + "\n")
+
+
+def _escape_key(key) -> str:  # java.util.Properties: '=', ':', whitespace and '\' are escaped in keys
+    return "".join("\\" + c if c in "=: \\#!" else c for c in str(key))
+
+
+def _escape_value(value) -> str:
+    text = str(value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return ("\\" + text) if text.startswith(" ") else text

