@@ -138,7 +138,9 @@ class ConformanceRun:
             raise pytest.UsageError(
                 f"--target is required; known targets: {', '.join(sorted(known_targets()))} (or package.module:Class)"
             )
-        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        # from xdist's own record, not PYTEST_XDIST_WORKER: a run started from inside an xdist worker
+        # (the suite's own tests) inherits that variable in its controller
+        self.worker = config.workerinput["workerid"] if hasattr(config, "workerinput") else "main"
         self.device_assignment = assign_device(config, self.target_name)  # before the runtime loads
         try:
             self.target = load(self.target_name)
@@ -155,8 +157,7 @@ class ConformanceRun:
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
         self.today = dt.date.today()
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        self.results_path = self.report_dir / "results" / f"{worker}.jsonl"
+        self.results_path = self.report_dir / "results" / f"{self.worker}.jsonl"
 
     def _expectations_path(self, value: str | None) -> Path | None:
         if value == "none":

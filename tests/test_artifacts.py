@@ -39,6 +39,8 @@ CHROMIUM_FLAGS = (
 def conformance(*args: str, report_dir: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "--report-dir", str(report_dir), *args]
     env = {**os.environ, "PYTHONPATH": str(TESTS), **(env or {})}  # the test targets live in tests/
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):  # when these tests run under xdist
+        env.pop(name, None)
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
 
 
