@@ -1,6 +1,7 @@
 """The pytest front end: ``pytest conformance --target=NAME``.
 
-It turns the profile's cases into tests (ids like ``add_lora_linear-bf16-slices3-r16-neg1``), runs each
+It turns the profile's cases into tests (ids like ``add_lora_linear-bf16-slices3-r16-neg1``, and the
+end-to-end cases of ``conformance.e2e`` like ``greedy_generation-mixed-bf16``, marker ``e2e``), runs each
 through ``conformance.runner``, applies the target's expectations, writes a replay for every failing
 case, records every result, and at the end applies the gate: the exit code is the verdict.
 
@@ -37,6 +38,8 @@ import conformance
 from conformance import hypothesis_profile
 from conformance.cases.replay import read_replay, write_replay
 from conformance.devices import assign_device
+from conformance.e2e.cases import e2e_cases
+from conformance.e2e.run import E2EResult, E2ERunner
 from conformance.expectations import apply_expectations, load_expectations, shipped_expectations
 from conformance.gate import gate_verdict, summarize
 from conformance.generator import DEFAULT_PROFILE, PROFILES, profile_cases
@@ -157,6 +160,7 @@ class ConformanceRun:
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
         self.today = dt.date.today()
+        self._e2e_runner = None  # conformance.e2e.run.E2ERunner, built by the first end-to-end case
         self.results_path = self.report_dir / "results" / f"{self.worker}.jsonl"
 
     def _expectations_path(self, value: str | None) -> Path | None:
@@ -184,6 +188,28 @@ class ConformanceRun:
             index, count = self.shard
             cases = [entry for position, entry in enumerate(cases) if position % count == index]
         return [CaseEntry((case_id, case, None)) for case_id, case in cases]
+
+    def e2e_cases(self) -> list:
+        """The profile's end-to-end cases (of this shard); none when replaying an op case."""
+        if self.replay_entry is not None:
+            return []
+        cases = e2e_cases(self.profile)
+        if self.shard:
+            index, count = self.shard
+            cases = [case for position, case in enumerate(cases) if position % count == index]
+        return cases
+
+    def run_e2e(self, case) -> E2EResult:
+        if self._e2e_runner is None:  # loaded on first use: op-only runs never read the fixtures
+            try:
+                self._e2e_runner = E2ERunner(self.target)
+            except (FileNotFoundError, ValueError, ImportError) as exc:
+                raise pytest.UsageError(str(exc)) from None
+        result = apply_expectations(self._e2e_runner.run(case), self.expectations, self.today)
+        if result.outcome in (Outcome.FAIL, Outcome.BROKEN, Outcome.KNOWN_FAILURE):
+            result.repro = f"pytest 'conformance/test_e2e.py::test_e2e[{case.case_id}]' --target={self.target_name}"
+        self.record(result)
+        return result
 
     def repro_command(self, replay_path: Path) -> str:
         return f"pytest conformance --target={self.target_name} --replay {replay_path}"
@@ -267,6 +293,7 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(config.option.torch_threads)
     config.addinivalue_line("markers", "kernel: a kernel-level op case (design level 1)")
     config.addinivalue_line("markers", "wrapper: a PunicaWrapper-level op case (design level 2)")
+    config.addinivalue_line("markers", "e2e: an end-to-end generation case (design level 4, the model)")
     controller = not hasattr(config, "workerinput")
     run = ConformanceRun(config)
     config.stash[_RUN_KEY] = run
@@ -314,6 +341,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             for entry in run.entries()
         ]
         metafunc.parametrize("conformance_case", params)
+    if "e2e_case" in metafunc.fixturenames:
+        run = metafunc.config.stash[_RUN_KEY]
+        metafunc.parametrize("e2e_case", [pytest.param(c, id=c.case_id, marks=[pytest.mark.e2e]) for c in run.e2e_cases()])
 
 
 @pytest.fixture(scope="session")

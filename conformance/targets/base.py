@@ -14,7 +14,10 @@ A target is a plain Python class (no pytest, no reports), so a vendor can also d
 * optionally the kernel ops with vLLM's names and argument order: ``bgmv_shrink``, ``bgmv_expand``,
   ``bgmv_expand_slice``, ``sgmv_shrink``, ``sgmv_expand``, ``sgmv_expand_slice``, ``lora_shrink``,
   ``lora_expand``;
-* ``synchronize()``: wait for the device before outputs are read.
+* ``synchronize()``: wait for the device before outputs are read;
+* ``generation_engine``: how the end-to-end cases run on it: ``"decoder"`` (the suite's small decoder,
+  every LoRA delta through the wrapper methods above) or ``"vllm"`` (the installed vLLM engine,
+  ``LLM(enable_lora=True)``, on the target's device).
 
 An op a target does not define is "not supported". Which ops exist is ``conformance.ops.OP_NAMES``.
 """
@@ -55,6 +58,7 @@ class Target:
     name: ClassVar[str] = "unnamed"
     description: ClassVar[str] = ""
     dtypes: ClassVar[frozenset[torch.dtype]] = frozenset({torch.float16, torch.bfloat16, torch.float32})
+    generation_engine: ClassVar[str] = "decoder"
 
     def __init__(self) -> None:
         self.check_available()

@@ -20,6 +20,7 @@ from .base import Target
 class VllmCpuTarget(VllmWrapperMethods, Target):
     name = "cpu"
     description = "the installed vLLM's PunicaWrapperCPU and torch ops on the CPU"
+    generation_engine = "vllm"  # end to end: the real engine, LLM(enable_lora=True)
     _torch_ops: ClassVar = None
 
     @classmethod

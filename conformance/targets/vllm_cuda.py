@@ -336,6 +336,7 @@ def wrapper_capacity(mapping: LoRAMapping) -> int:
 class VllmCudaTarget(VllmWrapperMethods, Target):
     name = "cuda"
     description = "the installed vLLM's PunicaWrapperGPU and Triton lora_shrink/lora_expand on a CUDA GPU"
+    generation_engine = "vllm"  # end to end: the real engine, LLM(enable_lora=True)
     # The Triton LoRA kernels assert float16/bfloat16 inputs and weights (float32 expand inputs are cast).
     dtypes = frozenset({torch.float16, torch.bfloat16})
     specialize_active_lora: ClassVar[bool] = SPECIALIZE_ACTIVE_LORA

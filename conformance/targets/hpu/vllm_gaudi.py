@@ -75,6 +75,7 @@ def _import_first(names: tuple[str, ...], attribute: str) -> Any:
 class VllmHpuTarget(Target):
     name = TARGET
     description = "the installed vllm-gaudi plugin's PunicaWrapperHPU (global LoraMask) on Intel Gaudi"
+    generation_engine = "vllm"  # end to end: the real engine, LLM(enable_lora=True)
     wrapper_class: ClassVar[type | None] = None
     mask_holder: ClassVar[Any] = None
 

@@ -1,0 +1,176 @@
+"""The suite's own small decoder: a Llama-style model whose every LoRA delta goes through a target.
+
+The base model is plain PyTorch (RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP). The LoRA
+parts are exactly the calls a vLLM model makes on its PunicaWrapper, so running this decoder on a target
+exercises that target's wrapper methods end to end, without vLLM:
+
+* embedding: the layer looks up each token's LoRA-A row (base tokens look up slot 0's row, as vLLM's
+  ``embeddings_indices`` do; the target must not apply it), then ``add_lora_embedding``;
+* every layer: ``add_lora_linear`` on the packed ``qkv_proj`` (3 slices), ``o_proj``, the packed
+  ``gate_up_proj`` (2 slices) and ``down_proj``, with ``scale=1`` (scalings are folded into B);
+* logits: ``add_lora_logits`` over the sampled rows only, with their own slots.
+
+Numerics: weights, activations and the KV cache are in the run's dtype; norms, rotary embedding, the
+attention softmax and the logits' log-softmax are computed in float32 (float64 for a float64 run), as
+vLLM and transformers do. A batch is packed as vLLM packs it: the new tokens of every sequence, one
+after the other, with one LoRA mapping per forward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from conformance.reference.mapping import LoRAMapping
+
+from .checkpoint import Checkpoint
+from .lora_stacks import PACKED_MODULES, LoRAStacks
+
+
+@dataclass
+class SequenceCache:
+    """Keys and values of one sequence, per layer: ``[kv_heads, tokens, head_dim]``."""
+
+    keys: list[torch.Tensor | None]
+    values: list[torch.Tensor | None]
+
+    @classmethod
+    def empty(cls, num_layers: int) -> SequenceCache:
+        return cls([None] * num_layers, [None] * num_layers)
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys[0] is None else self.keys[0].size(1)
+
+
+@dataclass
+class ForwardBatch:
+    """One forward pass: the new tokens of each sequence, packed, and which rows to take logits of."""
+
+    new_tokens: list[list[int]]  # per sequence
+    slots: list[int]  # adapter slot per sequence (−1 = none)
+    caches: list[SequenceCache]
+    sampled: list[list[int]]  # per sequence: indices into its new tokens whose logits are wanted
+    is_prefill: bool
+    num_slots: int
+    positions: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.positions = [cache.length for cache in self.caches]
+
+    def mapping(self) -> LoRAMapping:
+        token_slots = tuple(slot for tokens, slot in zip(self.new_tokens, self.slots) for _ in tokens)
+        sampled_slots = tuple(slot for rows, slot in zip(self.sampled, self.slots) for _ in rows)
+        seq_lens = tuple(len(tokens) for tokens in self.new_tokens)
+        return LoRAMapping(token_slots, sampled_slots, seq_lens, self.is_prefill, self.num_slots)
+
+    def sampled_rows(self) -> list[int]:
+        rows, start = [], 0
+        for tokens, wanted in zip(self.new_tokens, self.sampled):
+            rows.extend(start + i for i in wanted)
+            start += len(tokens)
+        return rows
+
+
+class LoRADecoder:
+    def __init__(self, checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device, wrapper) -> None:
+        self.config = config = checkpoint.config
+        self.dtype, self.device, self.wrapper = dtype, device, wrapper
+        self.compute_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        w = {name: t.to(device=device, dtype=dtype) for name, t in checkpoint.weights.items()}
+        self.embed = w["model.embed_tokens.weight"]
+        self.final_norm = w["model.norm.weight"]
+        self.lm_head = w["lm_head.weight"]
+        self.layers = []
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            module = {"self_attn." + m for m in ("q_proj", "k_proj", "v_proj", "o_proj")}
+            module |= {"mlp." + m for m in ("gate_proj", "up_proj", "down_proj")}
+            weight = {name.split(".")[1]: w[p + name + ".weight"] for name in module}
+            self.layers.append({
+                "input_norm": w[p + "input_layernorm.weight"],
+                "post_attention_norm": w[p + "post_attention_layernorm.weight"],
+                # packed like vLLM's QKVParallelLinear / MergedColumnParallelLinear
+                **{packed: torch.cat([weight[m] for m in parts]) for packed, parts in PACKED_MODULES.items()},
+            })
+        head_dim = config.head_dim
+        exponent = torch.arange(0, head_dim, 2, dtype=self.compute_dtype) / head_dim
+        self.inv_freq = (1.0 / config.rope_theta**exponent).to(device)
+
+    # -- the pieces ----------------------------------------------------------------------------
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        x32 = x.to(self.compute_dtype)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
+        return weight * x32.to(self.dtype)
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding (the half-split convention of HF Llama) of ``x`` ``[heads, tokens, head_dim]``."""
+        angles = positions.to(self.compute_dtype)[:, None] * self.inv_freq[None, :]
+        cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+        x32 = x.to(self.compute_dtype)
+        half = x32.size(-1) // 2
+        rotated_half = torch.cat([-x32[..., half:], x32[..., :half]], -1)
+        return (x32 * cos + rotated_half * sin).to(self.dtype)
+
+    def attention(self, q, k, v, cache: SequenceCache, layer: int, start: int) -> torch.Tensor:
+        """Causal attention of one sequence's new tokens over its cache; returns ``[tokens, hidden]``."""
+        c = self.config
+        n = q.size(0)
+        positions = torch.arange(start, start + n, device=self.device)
+        q = self.rotate(q.view(n, c.num_attention_heads, c.head_dim).transpose(0, 1), positions)
+        k = self.rotate(k.view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1), positions)
+        v = v.view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
+        if cache.keys[layer] is not None:
+            k, v = torch.cat([cache.keys[layer], k], 1), torch.cat([cache.values[layer], v], 1)
+        cache.keys[layer], cache.values[layer] = k, v
+        group = c.num_attention_heads // c.num_key_value_heads
+        k32 = k.repeat_interleave(group, 0).to(self.compute_dtype)
+        v32 = v.repeat_interleave(group, 0).to(self.compute_dtype)
+        scores = q.to(self.compute_dtype) @ k32.transpose(1, 2) / math.sqrt(c.head_dim)
+        key_positions = torch.arange(k.size(1), device=self.device)
+        scores = scores.masked_fill(key_positions[None, :] > positions[:, None], float("-inf"))
+        out = torch.softmax(scores, -1) @ v32  # [heads, tokens, head_dim]
+        return out.transpose(0, 1).reshape(n, c.hidden_size).to(self.dtype)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, stacks: LoRAStacks, layer: int, module: str) -> torch.Tensor:
+        """``x @ Wᵀ`` plus the LoRA delta of every sequence's adapter, added by the target."""
+        y = x @ weight.T
+        site = stacks.layers[layer][module]
+        self.wrapper.add_lora_linear(y, x, site.lora_a, site.lora_b, 1.0, site.output_slices)
+        return y
+
+    # -- one forward pass ----------------------------------------------------------------------
+
+    def forward(self, batch: ForwardBatch, stacks: LoRAStacks) -> torch.Tensor:
+        """Logits ``[sampled rows, vocab]`` (compute dtype) of the batch's sampled rows."""
+        self.wrapper.update_metadata(batch.mapping())
+        c = self.config
+        tokens = torch.tensor([t for seq in batch.new_tokens for t in seq], dtype=torch.long, device=self.device)
+        slots = torch.tensor([s for seq, s in zip(batch.new_tokens, batch.slots) for _ in seq], device=self.device)
+        x = self.embed[tokens]
+        lookup = slots.clamp(min=0) * c.vocab_size + tokens  # base tokens read slot 0's row, like vLLM
+        lora_a_rows = stacks.embedding_a.reshape(-1, stacks.max_rank)[lookup]
+        self.wrapper.add_lora_embedding(x, lora_a_rows, stacks.embedding_b, add_inputs=True)
+        q_width, kv_width = c.hidden_size, c.kv_width
+        for index, layer in enumerate(self.layers):
+            h = self.rms_norm(x, layer["input_norm"])
+            qkv = self.linear(h, layer["qkv_proj"], stacks, index, "qkv_proj")
+            q, k, v = qkv.split([q_width, kv_width, kv_width], -1)
+            outputs, start = [], 0
+            for seq, (new, cache) in enumerate(zip(batch.new_tokens, batch.caches)):
+                rows = slice(start, start + len(new))
+                outputs.append(self.attention(q[rows], k[rows], v[rows], cache, index, batch.positions[seq]))
+                start += len(new)
+            x = x + self.linear(torch.cat(outputs), layer["o_proj"], stacks, index, "o_proj")
+            h = self.rms_norm(x, layer["post_attention_norm"])
+            gate, up = self.linear(h, layer["gate_up_proj"], stacks, index, "gate_up_proj").chunk(2, -1)
+            x = x + self.linear(torch.nn.functional.silu(gate) * up, layer["down_proj"], stacks, index, "down_proj")
+        h = self.rms_norm(x, self.final_norm)[batch.sampled_rows()]
+        logits = h @ self.lm_head.T
+        head = stacks.lm_head
+        self.wrapper.add_lora_logits(logits, h, head.lora_a[0], head.lora_b[0], 1.0)
+        self.wrapper.synchronize()
+        return logits.to("cpu", self.compute_dtype)
