@@ -35,7 +35,6 @@ import pytest
 import torch
 
 import conformance
-from conformance import hypothesis_profile
 from conformance.cases.replay import read_replay, write_replay
 from conformance.devices import assign_device
 from conformance.e2e.cases import e2e_cases
@@ -49,7 +48,6 @@ from conformance.report.allure_results import label_current_test, write_results_
 from conformance.report.fingerprint import device_description, environment_fingerprint
 from conformance.report.progress import Progress
 from conformance.runner import CaseResult, check_values, make_values, run_case
-from conformance.shrinking import shrink_failure
 from conformance.targets import TargetError, TargetUnavailable, known_targets, load
 from conformance.verdict import Outcome
 
@@ -238,6 +236,13 @@ class ConformanceRun:
         return result
 
     def add_shrunk_case(self, result: CaseResult) -> None:
+        # Hypothesis loads only here: a run never needs it otherwise once its profile's cases are in
+        # the disk cache, and its import costs seconds per process (conformance.generator.cache).
+        # Drawing sets every setting it depends on; shrinking runs under the suite's profile.
+        from conformance import hypothesis_profile
+        from conformance.shrinking import shrink_failure
+
+        hypothesis_profile.load()
         smallest = shrink_failure(self.target, result, PROFILES[self.profile].limits)
         if smallest is None:
             result.message += " (shrinking found no smaller case failing the same way)"
@@ -289,7 +294,6 @@ _WORKERS_KEY = pytest.StashKey[list]()  # the controller's record of each worker
 
 @pytest.hookimpl(tryfirst=True)  # before junitxml and allure-pytest read the paths set here
 def pytest_configure(config: pytest.Config) -> None:
-    hypothesis_profile.load()
     torch.set_num_threads(config.option.torch_threads)
     config.addinivalue_line("markers", "kernel: a kernel-level op case (design level 1)")
     config.addinivalue_line("markers", "wrapper: a PunicaWrapper-level op case (design level 2)")

@@ -13,9 +13,8 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
-
-import hypothesis
 
 from conformance.cases.case import Case
 
@@ -38,6 +37,14 @@ def _source_digest() -> str:
 _SOURCE_DIGEST = _source_digest()
 
 
+def _hypothesis_version() -> str:
+    """Hypothesis' version without importing it: a run whose profile is cached never needs Hypothesis,
+    and importing it costs seconds per process (more where pytest's assertion rewriting of plugin
+    packages cannot reuse its bytecode, e.g. with PYTHONDONTWRITEBYTECODE set)."""
+    module = sys.modules.get("hypothesis")
+    return module.__version__ if module is not None else metadata.version("hypothesis")
+
+
 def _cache_dir() -> Path | None:
     setting = os.environ.get("LORA_CONFORMANCE_CACHE", "")
     if setting.lower() in ("off", "0", "false", "no"):
@@ -50,7 +57,7 @@ def cached_cases(key: dict, draw: Callable[[], list[tuple[str, Case]]]) -> list[
     directory = _cache_dir()
     if directory is None:
         return draw()
-    full_key = {**key, "hypothesis": hypothesis.__version__, "python": sys.version_info[:2], "source": _SOURCE_DIGEST}
+    full_key = {**key, "hypothesis": _hypothesis_version(), "python": sys.version_info[:2], "source": _SOURCE_DIGEST}
     name = hashlib.sha256(json.dumps(full_key, sort_keys=True).encode()).hexdigest()[:32]
     path = directory / f"profile-{name}.json"
     if path.is_file():

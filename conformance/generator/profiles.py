@@ -14,10 +14,8 @@ from conformance.cases.case import DTYPES, Case
 from conformance.ops import OP_SPECS
 
 from .cache import cached_cases
-from .drawing import draw_examples
 from .families import families_for
 from .limits import RELEASE_LIMITS, SMOKE_LIMITS, STANDARD_LIMITS, Limits
-from .strategies import cases
 
 
 @dataclass(frozen=True)
@@ -59,6 +57,10 @@ def profile_cases(
 
 
 def _draw_profile(profile: Profile, run_seed: int, ops, dtypes) -> list[tuple[str, Case]]:
+    # imported here: they need Hypothesis, which a run served from the disk cache never imports
+    from .drawing import draw_examples
+    from .strategies import cases
+
     chosen: list[tuple[str, Case]] = []
     seen: dict[str, int] = {}
     for op in ops or tuple(OP_SPECS):
