@@ -1,0 +1,52 @@
+"""``python -m benchmarks [all|ops|suite] [--quick | --smoke-test] [--threads N] [--docs DIR]``.
+
+* ``ops``: the LoRA ops at Llama-3 shapes → ``docs/benchmarks.md`` (about 20 min; ``--quick`` a few);
+* ``suite``: the suite's wall time on hpu-emulated → ``docs/benchmarks-suite.md`` (``--quick``: smoke only);
+* ``all`` (default): both;
+* ``--smoke-test``: tiny shapes and no suite runs, in-process, into ``--docs`` (CI checks the code path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from . import machine, ops, suite
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    parser.add_argument("part", nargs="?", choices=("all", "ops", "suite"), default="all")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="a few-minute subset")
+    mode.add_argument("--smoke-test", action="store_true", help="tiny shapes, in-process, seconds (for CI)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads for the op measurements (default 1: the machine is shared, and "
+                             "OpenMP threads competing with other jobs for 2 cores measure the contention)")
+    parser.add_argument("--docs", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
+    parser.add_argument("--profiles", default=None, help="suite profiles, comma-separated (default smoke,standard,release)")
+    args = parser.parse_args(argv)
+    command = "python -m benchmarks " + shlex.join(argv if argv is not None else sys.argv[1:])
+    args.docs.mkdir(parents=True, exist_ok=True)
+
+    if args.part in ("all", "ops"):
+        load = machine.load_average()
+        plan = ops.SMOKE_TEST if args.smoke_test else ops.QUICK if args.quick else ops.FULL
+        results, skipped = ops.run(plan, args.threads, in_process=args.smoke_test)
+        lines = ops.report(results, skipped, plan, command, machine.describe(load, f"{args.threads} (torch.set_num_threads)"))
+        (args.docs / "benchmarks.md").write_text("\n".join(lines))
+        print(f"wrote {args.docs / 'benchmarks.md'}")
+    if args.part in ("all", "suite") and not args.smoke_test:
+        load = machine.load_average()
+        profiles = tuple(args.profiles.split(",")) if args.profiles else ("smoke",) if args.quick else ("smoke", "standard", "release")
+        measured = suite.run_all(profiles)
+        lines = suite.report(measured, command, machine.describe(load, "1 per pytest process (the suite's default)"))
+        (args.docs / "benchmarks-suite.md").write_text("\n".join(lines))
+        print(f"wrote {args.docs / 'benchmarks-suite.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
