@@ -205,6 +205,29 @@ def test_allure_single_file_html_is_generated_offline_by_the_pinned_allure(fault
     assert json.loads((ROOT / "report-tools" / "package-lock.json").read_text())["packages"]["node_modules/allure"]["version"] == "3.18.0"
 
 
+
+def test_allure_single_file_html_renders_offline_in_headless_chromium(faulty_run, tmp_path):
+    """The generated page is an app that renders from the inlined data (it needs ~10 s of virtual time)."""
+    report_dir, _, document = faulty_run
+    index = report_dir / "allure-report" / "index.html"
+    if not index.is_file():
+        subprocess.run([sys.executable, "-m", "conformance.report", "allure", str(report_dir)], cwd=ROOT, check=True, timeout=600)
+    # The app decodes its inlined data asynchronously; on a loaded machine the first dump can come before
+    # it has drawn, so the page gets up to three tries with more virtual time each.
+    for budget in (30_000, 60_000, 120_000):
+        flags = [f if not f.startswith("--virtual-time-budget") else f"--virtual-time-budget={budget}" for f in CHROMIUM_FLAGS]
+        dom = subprocess.run(
+            [chromium(), *flags, f"--user-data-dir={tmp_path / f'profile-{budget}'}", "--dump-dom", index.resolve().as_uri()],
+            capture_output=True, text=True, timeout=300,
+        ).stdout
+        text = " ".join(re.sub(r"<[^>]+>", " ", re.sub(r"<(script|style)\b.*?</\1>", "", dom, flags=re.S)).split())
+        if "Total " in text:
+            break
+    assert f"Total {len(document['results'])}" in text, text[:2000]
+    assert "Failed" in text and "Ver: 3.18.0" in text
+    assert document["environment"]["git_commit"][:12] in text  # environment.properties reached the page
+
+
 def test_allure_command_names_what_to_install(tmp_path):
     tools = tmp_path / "tools"
     tools.mkdir()
