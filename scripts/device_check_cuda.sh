@@ -20,3 +20,5 @@ nvidia-smi -L  # no GPU or driver: stop here
 "$VENV/bin/python" -c 'from conformance.targets import load; print("target:", load("cuda").description)'
 "$VENV/bin/pytest" tests/test_target_cuda.py -rs  # on a GPU: the smoke lora_*/add_* cases, none BROKEN
 "$VENV/bin/pytest" conformance --target=cuda --profile=smoke "$@"
+# End to end on the GPU: vLLM's LLM(enable_lora=True) with the fixture model and adapters, all 30 cases.
+"$VENV/bin/pytest" conformance --target=cuda -m e2e --report-dir=reports/cuda-e2e

@@ -93,7 +93,7 @@ class E2ERunner:
 
         self.reference = DecoderEngine(ReferenceTarget(), self.checkpoint, self.adapters, torch.float64)
         self._engines: dict[str, object] = {}
-        self._references: dict[tuple, list[Generation]] = {}
+        self._references: dict[str, list[Generation]] = {}
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -129,10 +129,10 @@ class E2ERunner:
         return engine
 
     def reference_generations(self, case: E2ECase) -> list[Generation]:
-        key = (case.batch,)
-        if key not in self._references:
-            self._references[key] = self.reference.generate(case.requests, MAX_NEW_TOKENS, TOP_K, case.max_loras)
-        return self._references[key]
+        """The float64 reference's greedy generations of the case's batch (computed once per batch)."""
+        if case.batch not in self._references:
+            self._references[case.batch] = self.reference.generate(case.requests, MAX_NEW_TOKENS, TOP_K, case.max_loras)
+        return self._references[case.batch]
 
     def run(self, case: E2ECase) -> E2EResult:
         start = time.perf_counter()
