@@ -21,7 +21,7 @@ from conformance.verdict import Outcome
 from .adapters import Adapter
 from .cases import MAX_NEW_TOKENS, TOP_K, E2ECase
 from .checkpoint import Checkpoint
-from .compare import Comparison, Problem
+from .compare import GENERATION_TOLERANCES, Comparison, Problem
 from .decoder_engine import DecoderEngine
 from .generation import Generation, slot_assignment
 
@@ -51,6 +51,13 @@ class E2EResult:
     repro: str | None = None
     level = "model"
 
+    def measurement(self) -> dict | None:
+        """The largest log-prob error and its ratio to the dtype's bound (the report's budget ratio)."""
+        if self.max_logprob_error is None:
+            return None
+        bound = GENERATION_TOLERANCES[self.case.dtype].logprob_error
+        return {"max_logprob_error": self.max_logprob_error, "budget_ratio": self.max_logprob_error / bound}
+
     def to_json(self) -> dict:
         return {
             "id": self.case_id,
@@ -61,7 +68,7 @@ class E2EResult:
             "features": sorted(self.features),
             "outcome": self.outcome.value,
             "message": self.message,
-            "measurement": {"max_logprob_error": self.max_logprob_error} if self.max_logprob_error is not None else None,
+            "measurement": self.measurement(),
             "seconds": round(self.seconds, 4),
             "failing_slots": list(self.failing_slots),
             "expectation": self.expectation,
@@ -187,12 +194,14 @@ class E2ERunner:
         else:
             raise ValueError(f"unknown end-to-end check {case.kind!r}")
         scored, generated = run(everyone)
+        worst = 0.0
         for against, batch in others:
             other_scored, other_generated = run(batch)
             for position, i in enumerate(batch):
                 problems += compare.scores(i, scored[i], other_scored[position], against)
                 problems += compare.greedy(i, generated[i], other_generated[position], against)
-        return problems, None
+            worst = max(worst, _max_logprob_error(other_scored, [scored[i] for i in batch]))
+        return problems, worst
 
 
 def _max_logprob_error(got: list[Generation], reference: list[Generation], common_prefix: bool = False) -> float:
