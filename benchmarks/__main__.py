@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from . import machine, ops, suite
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch threads for the op measurements (default 1: the machine is shared, and "
                              "OpenMP threads competing with other jobs for 2 cores measure the contention)")
     parser.add_argument("--docs", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
+    parser.add_argument("--tokens", default=None, help="op subset: T values, comma-separated (default 1,64,2048,8192)")
+    parser.add_argument("--adapters", default=None, help="op subset: adapter counts, comma-separated (default 1,8)")
     parser.add_argument("--profiles", default=None, help="suite profiles, comma-separated (default smoke,standard,release)")
     args = parser.parse_args(argv)
     command = "python -m benchmarks " + shlex.join(argv if argv is not None else sys.argv[1:])
@@ -34,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("all", "ops"):
         load = machine.load_average()
         plan = ops.SMOKE_TEST if args.smoke_test else ops.QUICK if args.quick else ops.FULL
+        if args.tokens:
+            plan = replace(plan, tokens=tuple(int(t) for t in args.tokens.split(",")))
+        if args.adapters:
+            plan = replace(plan, adapters=tuple(int(a) for a in args.adapters.split(",")))
         results, skipped = ops.run(plan, args.threads, in_process=args.smoke_test)
         lines = ops.report(results, skipped, plan, command, machine.describe(load, f"{args.threads} (torch.set_num_threads)"))
         (args.docs / "benchmarks.md").write_text("\n".join(lines))
