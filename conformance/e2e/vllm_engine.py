@@ -54,7 +54,8 @@ class VllmEngine:
         self._LLM, self._SamplingParams, self._TokensPrompt = LLM, SamplingParams, TokensPrompt
         self.model_dir, self.dtype, self.encode = checkpoint.path, dtype, encode
         self._LoRARequest = LoRARequest
-        self._zero_dir = _write_zero_adapter(checkpoint.config)
+        self._zero_tmp = tempfile.TemporaryDirectory(prefix="lora-conformance-zero-adapter-")  # removed with the engine
+        self._zero_dir = _write_zero_adapter(checkpoint.config, Path(self._zero_tmp.name))
         # vLLM accepts only some max_lora_rank values; take the smallest that holds every adapter
         self.max_lora_rank = next(r for r in (8, 16, 32, 64, 128, 256, 320, 512) if r >= max_lora_rank)
         self.lora_requests = {
@@ -163,15 +164,14 @@ def _step(token: int, logprobs: dict, top_k: int) -> Step:
     return Step(token, float(logprobs[token].logprob), top)
 
 
-def _write_zero_adapter(config: ModelConfig) -> Path:
-    """A rank-1 PEFT adapter whose weights are all zero, in a temporary directory.
+def _write_zero_adapter(config: ModelConfig, directory: Path) -> Path:
+    """A rank-1 PEFT adapter whose weights are all zero, written into ``directory``.
 
     Activating it into a slot overwrites that slot: its own module with zeros, every other module by
     vLLM's reset of modules an adapter does not target.
     """
     from safetensors.torch import save_file
 
-    directory = Path(tempfile.mkdtemp(prefix="lora-conformance-zero-adapter-"))
     tensors = {}
     for layer in range(config.num_hidden_layers):
         prefix = f"base_model.model.model.layers.{layer}.self_attn.q_proj"
