@@ -47,7 +47,11 @@ class CaseResult:
     def level(self) -> str:
         return OP_SPECS[self.case.op].level
 
+    def measurement_json(self) -> dict | None:
+        return self.measurement.to_json() if self.measurement else None
+
     def to_json(self) -> dict:
+        """The results schema (results.json, the report, merge): one record per case, op or end to end."""
         return {
             "id": self.case_id,
             "op": self.case.op,
@@ -57,7 +61,7 @@ class CaseResult:
             "features": sorted(self.features),
             "outcome": self.outcome.value,
             "message": self.message,
-            "measurement": self.measurement.to_json() if self.measurement else None,
+            "measurement": self.measurement_json(),
             "seconds": round(self.seconds, 4),
             "failing_slots": list(self.failing_slots),
             "expectation": self.expectation,

@@ -62,6 +62,11 @@ class E2ECase:
         return self.kind
 
     @property
+    def family(self) -> str:
+        """The batch plays the part an op case's edge-case family plays (report, Allure sub-suite)."""
+        return self.batch
+
+    @property
     def case_id(self) -> str:
         short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[self.dtype]
         return f"{self.kind}-{self.batch}-{short}"

@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from conformance.runner import CaseResult
 from conformance.verdict import Outcome
 
 from .adapters import Adapter
@@ -35,47 +36,26 @@ def fixtures_dir() -> Path:
 
 
 @dataclass
-class E2EResult:
-    """One end-to-end case's result, recorded in the same shape as an op case's."""
+class E2EResult(CaseResult):
+    """One end-to-end case's result: an op case's record, at level "model", measured in log-probs.
 
-    case_id: str
+    ``failing_slots`` are the slots of the failing requests (−1 = a base request), so expectations'
+    ``failing_rows = "no-adapter"`` reads them as it reads an op case's rows.
+    """
+
     case: E2ECase
-    outcome: Outcome
-    message: str = ""
-    features: frozenset[str] = field(default_factory=frozenset)
-    seconds: float = 0.0
-    failing_slots: tuple[int, ...] = ()  # the slot of every failing request (−1 = base request)
-    max_logprob_error: float | None = None
-    expectation: dict | None = None
-    replay: str | None = None
-    repro: str | None = None
-    level = "model"
+    max_logprob_error: float | None = None  # against the reference (invariance: between the two runs)
 
-    def measurement(self) -> dict | None:
+    @property
+    def level(self) -> str:
+        return "model"
+
+    def measurement_json(self) -> dict | None:
         """The largest log-prob error and its ratio to the dtype's bound (the report's budget ratio)."""
         if self.max_logprob_error is None:
             return None
         bound = GENERATION_TOLERANCES[self.case.dtype].logprob_error
         return {"max_logprob_error": self.max_logprob_error, "budget_ratio": self.max_logprob_error / bound}
-
-    def to_json(self) -> dict:
-        return {
-            "id": self.case_id,
-            "op": self.case.op,
-            "level": self.level,
-            "dtype": self.case.dtype,
-            "family": self.case.batch,
-            "features": sorted(self.features),
-            "outcome": self.outcome.value,
-            "message": self.message,
-            "measurement": self.measurement(),
-            "seconds": round(self.seconds, 4),
-            "failing_slots": list(self.failing_slots),
-            "expectation": self.expectation,
-            "replay": self.replay,
-            "repro": self.repro,
-            "case": self.case.to_json(),
-        }
 
 
 class E2ERunner:
@@ -146,21 +126,21 @@ class E2ERunner:
         features = case.features()
         reason = self.unsupported_reason(case)
         if reason:
-            return E2EResult(case.case_id, case, Outcome.NOT_SUPPORTED, reason, features)
+            return E2EResult(case.case_id, case, Outcome.NOT_SUPPORTED, reason, features=features)
         try:
             problems, max_error = self._check(case)
         except Exception as exc:  # noqa: BLE001 - any exception from the target is the "broken" outcome
             message = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}"
-            return E2EResult(case.case_id, case, Outcome.BROKEN, message, features, time.perf_counter() - start)
+            return E2EResult(case.case_id, case, Outcome.BROKEN, message, features=features, seconds=time.perf_counter() - start)
         seconds = time.perf_counter() - start
         if not problems:
-            return E2EResult(case.case_id, case, Outcome.PASS, "", features, seconds, max_logprob_error=max_error)
+            return E2EResult(case.case_id, case, Outcome.PASS, features=features, seconds=seconds, max_logprob_error=max_error)
         _, slots = slot_assignment(case.requests, case.max_loras)
         failing = sorted({p.request_index for p in problems})
         problems = sorted(problems, key=lambda p: p.request_index)
         message = f"{len(failing)} of {len(case.requests)} requests fail\n" + "\n".join(p.message for p in problems)
         return E2EResult(
-            case.case_id, case, Outcome.FAIL, message, features, seconds,
+            case.case_id, case, Outcome.FAIL, message, features=features, seconds=seconds,
             failing_slots=tuple(slots[i] for i in failing), max_logprob_error=max_error,
         )
 
