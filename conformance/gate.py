@@ -1,7 +1,9 @@
 """The gate: one verdict from many case results, as a release manager reads it.
 
 The gate passes when at least one case ran, every case ended pass, not supported or known failure,
-and pytest itself saw no other failure (a crashed worker, an error in the harness).
+every case the run was to judge has a result, and pytest itself saw no other failure (an error in the
+harness). A case without a result is never a pass: the run was killed before it, or a process died in
+a way nothing recorded; ``missing`` names them.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from collections import Counter
 
 from conformance.verdict import Outcome
 
-GATE_RULE = "every case ends pass, not supported or known failure, and at least one case ran"
+GATE_RULE = "every expected case has a result, every result is pass, not supported or known failure, and at least one case ran"
+SHOWN_IDS = 10
 
 
 def summarize(results: list[dict]) -> dict:
@@ -22,16 +25,29 @@ def summarize(results: list[dict]) -> dict:
     return {"by_op_and_dtype": matrix}
 
 
-def gate_verdict(results: list[dict], pytest_exitstatus: int = 0) -> dict:
+def listed(ids: list[str]) -> str:
+    """The first ids and how many more: for reasons a person reads."""
+    return ", ".join(ids[:SHOWN_IDS]) + (f", … ({len(ids) - SHOWN_IDS} more)" if len(ids) > SHOWN_IDS else "")
+
+
+def gate_verdict(
+    results: list[dict], pytest_exitstatus: int = 0, *, missing: list[str] = (), unexpected: list[str] = ()
+) -> dict:
+    """The gate over ``results``; ``missing``: expected case ids without a result; ``unexpected``: results of
+    cases the run did not expect."""
     counts = Counter(result["outcome"] for result in results)
     reasons = []
+    if missing:
+        reasons.append(f"{len(missing)} expected case(s) have no result: {listed(list(missing))}")
+    if unexpected:
+        reasons.append(f"{len(unexpected)} result(s) of cases this run did not expect: {listed(list(unexpected))}")
     ran = sum(n for outcome, n in counts.items() if Outcome(outcome).ran)
     if ran == 0:
         reasons.append("no case ran")
     rejected = {o: n for o, n in counts.items() if not Outcome(o).accepted_by_gate}
     for outcome, count in sorted(rejected.items()):
         reasons.append(f"{count} case(s) ended {outcome}")
-    if pytest_exitstatus not in (0, 1) and not rejected:
+    if pytest_exitstatus not in (0, 1) and not rejected and not missing:
         reasons.append(f"pytest exited with status {int(pytest_exitstatus)} (interrupted, internal or usage error)")
     known: dict[str, dict] = {}
     for result in results:
@@ -42,6 +58,6 @@ def gate_verdict(results: list[dict], pytest_exitstatus: int = 0) -> dict:
         "passed": not reasons,
         "rule": GATE_RULE,
         "reasons": reasons,
-        "counts": {o.value: counts.get(o.value, 0) for o in Outcome},
+        "counts": {**{o.value: counts.get(o.value, 0) for o in Outcome}, "no result": len(missing)},
         "known_failures": list(known.values()),
     }

@@ -23,7 +23,8 @@ from conformance.cases.values import generator_for
 from conformance.ops import OP_SPECS, OpSpec, case_mapping
 from conformance.targets.base import Target
 from conformance.targets.reference import ReferenceTarget
-from conformance.verdict import Measurement, Outcome, judge
+from conformance.verdict import FailureKind, Measurement, Outcome, judge
+from conformance.verdict.failure_kind import ordered
 from conformance.verdict.metrics import bitwise_differences
 
 Tensors = dict[str, torch.Tensor]
@@ -42,6 +43,11 @@ class CaseResult:
     expectation: dict | None = None  # the expectations entry that matched, if any
     replay: str | None = None  # the replay file written for this case, if any
     repro: str | None = None  # the one-line command that reruns it
+    kinds: tuple[FailureKind, ...] = ()  # how it went wrong (empty for a pass), most telling first
+
+    @property
+    def kind(self) -> FailureKind | None:
+        return self.kinds[0] if self.kinds else None
 
     @property
     def level(self) -> str:
@@ -60,6 +66,8 @@ class CaseResult:
             "family": self.case.family,
             "features": sorted(self.features),
             "outcome": self.outcome.value,
+            "kind": self.kind.value if self.kind else None,
+            "kinds": [kind.value for kind in self.kinds],
             "message": self.message,
             "measurement": self.measurement_json(),
             "seconds": round(self.seconds, 4),
@@ -133,7 +141,10 @@ def run_case(target: Target, case: Case, case_id: str | None = None, values: Ten
     except Exception as exc:  # noqa: BLE001 - any crash of the target is the BROKEN outcome
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         message = f"{type(exc).__name__}: {exc} (at {frame.filename}:{frame.lineno})"
-        return CaseResult(case_id, case, Outcome.BROKEN, message, features=features, seconds=time.perf_counter() - started)
+        return CaseResult(
+            case_id, case, Outcome.BROKEN, message, features=features, seconds=time.perf_counter() - started,
+            kinds=(FailureKind.RAISED,),
+        )
     seconds = time.perf_counter() - started
     cpu = torch.device("cpu")
     # One reference wrapper for both runs: its metadata depends on the mapping only, not on the dtype,
@@ -149,7 +160,10 @@ def run_case(target: Target, case: Case, case_id: str | None = None, values: Ten
     details = [f"{p.text}: {describe_rows(p.rows, row_slots)}" if p.rows else p.text for p in verdict.problems]
     details += [f"modified its input {name!r}, which every op must only read" for name in changed]
     failing_slots = tuple(sorted({row_slots[row] for p in verdict.problems for row in p.rows}))
-    return CaseResult(case_id, case, Outcome.FAIL, "; ".join(details), verdict.measurement, features, seconds, failing_slots)
+    kinds = ordered([p.kind for p in verdict.problems] + [FailureKind.MODIFIED_INPUT] * bool(changed))
+    return CaseResult(
+        case_id, case, Outcome.FAIL, "; ".join(details), verdict.measurement, features, seconds, failing_slots, kinds=kinds
+    )
 
 
 def check_values(case: Case, values: Tensors) -> None:

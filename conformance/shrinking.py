@@ -2,9 +2,14 @@
 
 The profile's cases are drawn by Hypothesis, so Hypothesis can also search the same op × dtype ×
 family space for a failing case and shrink it: fewer sequences, fewer slots, lower ranks, smaller
-sizes, seed 0. "The same way" means the same outcome and the same kind of problem (wrote outside its
-region / NaN or Inf / over budget), and for a failure confined to rows without adapter, still confined
-to them. The result is a case a kernel author can read in full.
+sizes, seed 0. "The same way" means the same outcome and the same failure kinds
+(``conformance.verdict.FailureKind``: wrote outside its region, NaN/Inf, over budget, raised, …), and
+for a failure confined to rows without adapter, still confined to them. The result is a case a kernel
+author can read in full.
+
+Each candidate runs in the process that runs the failing case's target, so the failures shrunk are
+those the target reports by returning or raising; a crash or a hang of a candidate ends the search
+(``conformance.isolation`` reports it), which is why crashed and timed-out cases are not shrunk.
 """
 
 from __future__ import annotations
@@ -19,13 +24,10 @@ from conformance.ops import OP_SPECS
 from conformance.runner import CaseResult, run_case
 from conformance.targets.base import Target
 
-PROBLEM_KINDS = ("must leave untouched", "NaN/Inf", "exceeds", "raised")
-
 
 def failure_signature(result: CaseResult) -> tuple:
-    """What makes two failures "the same": outcome, kinds of problem, confined to no-adapter rows."""
-    kinds = tuple(kind for kind in PROBLEM_KINDS if kind in result.message)
-    return result.outcome, kinds, set(result.failing_slots) == {-1}
+    """What makes two failures "the same": outcome, failure kinds, confined to no-adapter rows."""
+    return result.outcome, frozenset(result.kinds), set(result.failing_slots) == {-1}
 
 
 def shrink_failure(target: Target, failing: CaseResult, limits: Limits, max_examples: int = 300) -> Case | None:

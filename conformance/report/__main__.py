@@ -1,11 +1,17 @@
 """``python -m conformance.report``: render a results document, or merge shards and gate them.
 
     python -m conformance.report html RESULTS.json --out report.html
+    python -m conformance.report html REPORT_DIR
     python -m conformance.report merge RESULTS.json [RESULTS.json ...] --out DIR
     python -m conformance.report allure REPORT_DIR [--out DIR] [--tools DIR]
 
-``merge`` writes DIR/results.json and DIR/report.html, prints the verdict line and exits 0 iff the
-merged gate passes (1 when it fails, 2 when the inputs cannot be merged). ``allure`` turns
+``html REPORT_DIR`` rebuilds a run's results.json and report.html from what it wrote as it went (its
+manifest ``run.json`` and the journals ``results/*.jsonl``): after a run that was killed, the report
+says FAIL and names every case without a result (``pytest conformance --resume REPORT_DIR`` runs them).
+It prints the verdict line and exits 0 iff the gate passes. ``merge`` writes DIR/results.json and
+DIR/report.html, prints the verdict line and exits 0 iff the merged gate passes (1 when it fails, 2
+when the inputs cannot be merged: different targets, profiles, seeds, Hypothesis versions or case
+lists). ``allure`` turns
 REPORT_DIR/allure-results into one self-contained REPORT_DIR/allure-report/index.html with the pinned
 npm allure (``npm ci --prefix report-tools`` first), offline; it exits 2 naming what to install when
 Node or that install is missing.
@@ -18,6 +24,7 @@ import json
 import sys
 from pathlib import Path
 
+from conformance import journal
 from conformance.report.allure_html import AllureToolMissing, generate_allure_html
 from conformance.report.html import write_html_report
 from conformance.report.merge import MergeError, merge_documents, read_document
@@ -36,9 +43,11 @@ def verdict_line(document: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conformance.report", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    html = commands.add_parser("html", help="render one results.json as a self-contained HTML report")
-    html.add_argument("results", metavar="RESULTS.json")
-    html.add_argument("--out", metavar="FILE", default="report.html", help="(default: %(default)s)")
+    html = commands.add_parser(
+        "html", help="render one results.json as a self-contained HTML report, or rebuild a (killed) run's report from its dir"
+    )
+    html.add_argument("results", metavar="RESULTS.json|REPORT_DIR")
+    html.add_argument("--out", metavar="FILE", help="(default: report.html; REPORT_DIR/report.html for a dir)")
     merge = commands.add_parser("merge", help="merge the results of shards or machines, gate them again")
     merge.add_argument("results", metavar="RESULTS.json", nargs="+")
     merge.add_argument("--out", metavar="DIR", required=True, help="where results.json and report.html go")
@@ -51,8 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         return _allure(args)
     try:
         if args.command == "html":
+            if Path(args.results).is_dir():
+                return _rebuild(Path(args.results), args.out)
             document = read_document(args.results)
-            print(f"report: {write_html_report(document, args.out)}")
+            print(f"report: {write_html_report(document, args.out or 'report.html')}")
             return 0
         document = merge_documents([read_document(path) for path in args.results], args.results)
     except MergeError as exc:
@@ -64,6 +75,23 @@ def main(argv: list[str] | None = None) -> int:
     write_html_report(document, out / "report.html")
     print(verdict_line(document))
     print(f"results: {out / 'results.json'}\nreport: {out / 'report.html'}")
+    return 0 if document["gate"]["passed"] else 1
+
+
+def _rebuild(report_dir: Path, out: str | None) -> int:
+    """results.json and report.html of the run in ``report_dir``, from its manifest and journals."""
+    try:
+        manifest = journal.read_manifest(report_dir)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    document = journal.build_document(manifest, journal.read_journals(report_dir))
+    (report_dir / "results.json").write_text(json.dumps(document, indent=1) + "\n")
+    report = write_html_report(document, out or report_dir / "report.html")
+    print(verdict_line(document))
+    if document["missing"]:
+        print(f"to run the {len(document['missing'])} case(s) without a result: pytest conformance --resume {report_dir}")
+    print(f"results: {report_dir / 'results.json'}\nreport: {report}")
     return 0 if document["gate"]["passed"] else 1
 
 

@@ -23,15 +23,32 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from conformance.verdict.failure_kind import FailureKind
+
 SEVERITY_BY_LEVEL = {"wrapper": "critical", "model": "critical", "layer": "critical", "kernel": "normal"}
 DEFAULT_SEVERITY = "normal"
 
 # Allure assigns a result to the first category that matches (status, then message regex); the
-# messages are those conformance.plugin.report_outcome raises, as allure-pytest formats them.
+# messages are those conformance.plugin.report_outcome raises, as allure-pytest formats them, which
+# lead with the failure kinds in brackets: one category per kind (the first kind listed decides).
+def _kind_categories() -> list[dict]:
+    categories = []
+    for kind in FailureKind:
+        if kind is FailureKind.NO_RESULT:  # a case without a result has no test result to categorise
+            continue
+        status, prefix = ("broken", r"TargetBroken: broken") if kind.broken else ("failed", r"\bfail")
+        label = "Broken" if kind.broken else "Fail"
+        categories.append({
+            "name": f"{label}: {kind.value} ({kind.doc.split(';')[0]})",
+            "matchedStatuses": [status],
+            "messageRegex": rf"(?s).*{prefix} \[{kind.value}[,\]].*",
+        })
+    return categories
+
+
 CATEGORIES = [
     {"name": "Unexpected pass (listed as known failure, yet passed)", "matchedStatuses": ["failed"], "messageRegex": r"(?s).*unexpected pass: .*"},
-    {"name": "Numeric failure (outside the error budget, wrote untouched rows, NaN/Inf)", "matchedStatuses": ["failed"], "messageRegex": r"(?s).*\bfail: .*"},
-    {"name": "Broken (the target raised)", "matchedStatuses": ["broken"], "messageRegex": r"(?s).*TargetBroken.*"},
+    *_kind_categories(),
     {"name": "Known failure (expectations file)", "matchedStatuses": ["skipped"], "messageRegex": r"(?s).*known failure .*"},
     {"name": "Not supported (declared by the target)", "matchedStatuses": ["skipped"], "messageRegex": r"(?s).*not supported: .*"},
     {"name": "Harness error (not a target outcome)", "matchedStatuses": ["failed", "broken"]},

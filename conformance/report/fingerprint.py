@@ -6,7 +6,9 @@ modes). Every run records, flat ``name → string`` so it fits results.json, JUn
 properties and Allure's ``environment.properties`` alike:
 
 * the suite: its version and, from a git checkout, the commit and whether the tree was clean;
-* the stack: Python, torch (and its CUDA build), vLLM, transformers, the installed lora-conformance;
+* the stack: Python, torch (and its CUDA build), vLLM, transformers, the installed lora-conformance,
+  and Hypothesis, which draws the profiles: another version may draw other cases, so merging refuses
+  shards drawn with different ones;
 * the host and the device: its name and driver where they can be read (CUDA through torch and
   ``nvidia-smi``, Gaudi through ``habana_frameworks`` and ``hl-smi``, the CPU model otherwise);
 * the environment variables that change numerics or device placement (``NUMERICS_ENV``).
@@ -44,7 +46,13 @@ NUMERICS_ENV_PREFIXES = ("PT_HPU_", "HABANA_", "TORCH_", "MKL_", "VLLM_", "LORA_
 SECRET_PATTERN = re.compile(r"TOKEN|SECRET|PASSWORD|KEY|CREDENTIAL", re.IGNORECASE)
 
 NOT_A_CHECKOUT = "not a git checkout"
-PACKAGES = {"torch": "torch", "vllm": "vllm", "transformers": "transformers", "lora-conformance": "lora-conformance"}
+PACKAGES = {
+    "torch": "torch",
+    "vllm": "vllm",
+    "transformers": "transformers",
+    "lora-conformance": "lora-conformance",
+    "hypothesis": "hypothesis",
+}
 
 
 def environment_fingerprint(device_type: str | None = None, environ=None) -> dict[str, str]:

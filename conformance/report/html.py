@@ -6,8 +6,10 @@ rule and its reasons, the run (target, profile, seed, suite version), the op × 
 level, the failures with their repro commands, the known failures, the budget ratios per op, and the
 environment fingerprint.
 
-Elements a test (or a scraper) can query: ``id="verdict"``, ``id="matrix"``, ``id="failures"``,
-``id="known-failures"``, ``id="budget-ratios"``, ``id="environment"`` (the fingerprint: suite commit,
+Elements a test (or a scraper) can query: ``id="verdict"``, ``id="matrix"``, ``id="missing"`` (the
+expected cases without a result, and how to run them), ``id="failures"`` (with each failure's kinds,
+``class="kind"``), ``id="known-failures"``, ``id="not-applicable"`` (expectations entries whose
+package versions are not installed here), ``id="budget-ratios"``, ``id="environment"`` (the fingerprint: suite commit,
 versions, device, driver, numerics environment variables; one column per input of a merge whose
 machines differ, ``class="differs"`` on the rows that do), ``id="workers"`` (device per worker), and
 ``class="repro"`` on every repro command.
@@ -79,8 +81,10 @@ def render_html_report(document: dict) -> str:
         _verdict(gate),
         _run(document, results),
         _matrix(results),
+        _missing(document),
         _failures(results),
         _known_failures(gate, results),
+        _not_applicable(document),
         _budget_plot(results),
         _environment(document),
         "</body></html>",
@@ -125,6 +129,14 @@ def _run(document: dict, results: list[dict]) -> str:
         rows.append(("merged from", f"{len(document['merged_from'])} results files"))
     if document.get("replay"):
         rows.append(("replay", document["replay"]))
+    if document.get("isolation"):
+        timeout = document.get("case_timeout")
+        rows.append(("isolation", f"{document['isolation']}, case timeout " + (f"{timeout:g} s" if timeout else "none")))
+    if document.get("case_list"):
+        expected = len(document.get("expected") or [])
+        shard = len(document.get("shard_cases") or [])
+        selection = f" (a selection: {expected} of this shard's {shard})" if expected != shard else ""
+        rows.append(("cases", f"{expected} expected{selection}; the profile holds {document['case_list']['count']}"))
     body = "".join(f"<dt>{_e(name)}</dt><dd>{_e(value)}</dd>" for name, value in rows)
     legend = " ".join(_badge(outcome, f"{counts.get(outcome, 0)} {outcome}") for outcome in OUTCOME_STYLE)
     return f'<section id="run"><h2>Run</h2><dl class="run">{body}</dl><p>{len(results)} cases: {legend}</p></section>'
@@ -174,7 +186,7 @@ def _failures(results: list[dict]) -> str:
     if not failing:
         return '<section id="failures"><h2>Failures</h2><p class="muted">none</p></section>'
     head = (
-        "<tr><th>case</th><th>outcome</th><th>op</th><th>dtype</th><th>max abs error</th>"
+        "<tr><th>case</th><th>outcome</th><th>kind</th><th>op</th><th>dtype</th><th>max abs error</th>"
         "<th>max ULP</th><th>budget ratio</th><th>message and repro</th></tr>"
     )
     rows = []
@@ -188,7 +200,8 @@ def _failures(results: list[dict]) -> str:
             detail += f'<div class="muted">replay: <code>{_e(result["replay"])}</code></div>'
         rows.append(
             f'<tr id="case-{_e(result["id"])}"><td><code>{_e(result["id"])}</code></td>'
-            f"<td>{_badge(result['outcome'], result['outcome'])}</td><td>{_e(result['op'])}</td>"
+            f"<td>{_badge(result['outcome'], result['outcome'])}</td>"
+            f"<td class=\"kind\">{_e(', '.join(result.get('kinds') or []) or '—')}</td><td>{_e(result['op'])}</td>"
             f"<td>{_e(result['dtype'])}</td><td class=\"num\">{_number(m.get('max_abs_error'))}</td>"
             f"<td class=\"num\">{_number(m.get('max_ulp'))}</td>"
             f"<td class=\"num\">{_number(m.get('budget_ratio'))}</td><td>{detail}</td></tr>"
@@ -196,6 +209,40 @@ def _failures(results: list[dict]) -> str:
     return (
         f'<section><h2>Failures ({len(failing)})</h2>'
         f'<table id="failures">{head}{"".join(rows)}</table></section>'
+    )
+
+
+def _missing(document: dict) -> str:
+    """Expected cases without a result: never judged, so never passed."""
+    missing = document.get("missing") or []
+    if not missing:
+        return ""
+    items = "".join(f"<li><code>{_e(case_id)}</code></li>" for case_id in missing)
+    resume = ""
+    if document.get("report_dir"):
+        resume = f'<pre class="repro">pytest conformance --resume {_e(document["report_dir"])}</pre>'
+    return (
+        f'<section><h2>Cases without a result ({len(missing)})</h2><div id="missing">'
+        "<p>These cases were to be judged and were not: the run was killed before them, a process died "
+        "unrecorded, or a shard is missing. They fail the gate. <code>pytest conformance --resume REPORT_DIR</code> "
+        f"runs only them and completes this report.</p>{resume}<ul>{items}</ul></div></section>"
+    )
+
+
+def _not_applicable(document: dict) -> str:
+    entries = document.get("expectations_not_applicable") or []
+    if not entries:
+        return ""
+    rows = "".join(
+        f"<tr><td><code>{_e(entry.get('id'))}</code></td><td>{_e(entry.get('reason'))}</td>"
+        f"<td>{_e(entry.get('not_applicable'))}</td></tr>"
+        for entry in entries
+    )
+    head = "<tr><th>entry</th><th>reason</th><th>why it does not apply here</th></tr>"
+    return (
+        '<section><h2>Known failures not applicable here</h2><p class="muted">entries of the expectations file '
+        "whose package versions are not the installed ones: they match no case in this run</p>"
+        f'<table id="not-applicable">{head}{rows}</table></section>'
     )
 
 

@@ -1,11 +1,17 @@
 """Merge the results of many shards or machines into one results document, and gate it again.
 
-Every input must come from the same suite version, target, profile and seed (otherwise the cases are
-not the same population and the merged verdict would mean nothing); a case id seen twice must have
-ended the same way. Each input's environment fingerprint is kept (``environments``) when they differ,
-and every input's workers with their devices (``workers``). The gate is applied afresh to the union (``conformance.gate``), and it fails too
-when an input's own gate failed for a reason its results do not show (pytest interrupted, a worker
-crashed), or when the inputs are shards ``I/N`` and some shard of ``N`` is missing.
+Every input must come from the same suite version, target, profile and seed, drawn by the same
+Hypothesis version, with the same case list (the ``case_list`` digest each run records): otherwise
+the cases are not the same population and the merged verdict would mean nothing; such inputs are
+refused. Each input's environment fingerprint is kept (``environments``) when they differ, and every
+input's workers with their devices (``workers``).
+
+The merged gate is the gate over the union (``conformance.gate``), and it fails, naming the cases,
+when the inputs do not add up to exactly the profile's case list: a case of some input's shard
+without a result (**missing**, e.g. a killed shard, or a ``-k`` selection), a result of a case no
+input's shard holds (**extra**), a case with results in two inputs (**duplicated**: the same shard
+merged twice), or shards of ``N`` absent altogether. It fails too when an input's own gate failed
+for a reason its results do not show (pytest interrupted).
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conformance.gate import gate_verdict, summarize
+from conformance.gate import gate_verdict, listed, summarize
+from conformance.journal import case_list_summary
 
 SAME_FIELDS = ("suite_version", "target", "profile", "seed")
 
@@ -47,7 +54,9 @@ def merge_documents(documents: list[dict], sources: list[str] | None = None) -> 
                     f"cannot merge: field '{field}' differs: {first.get(field)!r} in {sources[0]} "
                     f"but {document.get(field)!r} in {source}"
                 )
+    _check_same_population(documents, sources)
     by_id: dict[str, tuple[dict, str]] = {}
+    duplicated: list[str] = []
     for source, document in zip(sources, documents):
         for result in document["results"]:
             seen = by_id.get(result["id"])
@@ -58,11 +67,24 @@ def merge_documents(documents: list[dict], sources: list[str] | None = None) -> 
                     f"cannot merge: case {result['id']} ended {seen[0]['outcome']!r} in {seen[1]} "
                     f"but {result['outcome']!r} in {source}"
                 )
+            else:
+                duplicated.append(f"{result['id']} ({seen[1]} and {source})")
     results = sorted((result for result, _ in by_id.values()), key=lambda r: r["id"])
-    gate = gate_verdict(results, 0)
-    extra = _input_gate_reasons(documents, sources) + _missing_shards(documents)
-    if extra:
-        gate = {**gate, "passed": False, "reasons": [*gate["reasons"], *extra]}
+    covered = list(dict.fromkeys(case_id for document in documents for case_id in document["shard_cases"]))
+    covered_set = set(covered)
+    missing = [case_id for case_id in covered if case_id not in by_id]
+    extra = sorted(case_id for case_id in by_id if case_id not in covered_set)
+    gate = gate_verdict(results, 0, missing=missing, unexpected=extra)
+    extra_reasons = _input_gate_reasons(documents, sources) + _missing_shards(documents)
+    if duplicated:
+        extra_reasons.append(f"{len(duplicated)} case(s) have results in more than one input: {listed(duplicated)}")
+    whole = first["case_list"]
+    if case_list_summary(covered) != whole and not _missing_shards(documents):
+        extra_reasons.append(
+            f"the inputs' shards hold {len(covered)} of the profile's {whole['count']} cases: merge every shard"
+        )
+    if extra_reasons:
+        gate = {**gate, "passed": False, "reasons": [*gate["reasons"], *extra_reasons]}
     merged = {field: first.get(field) for field in SAME_FIELDS}
     merged.update(
         replay=None,
@@ -86,8 +108,36 @@ def merge_documents(documents: list[dict], sources: list[str] | None = None) -> 
     merged["workers"] = [
         {"source": source, **worker} for source, document in zip(sources, documents) for worker in document.get("workers") or []
     ]
-    merged.update(gate=gate, summary=summarize(results), results=results)
+    merged.update(
+        case_list=whole, expected=covered, missing=missing, unexpected=extra, duplicated=duplicated,
+        gate=gate, summary=summarize(results), results=results,
+    )
     return merged
+
+
+def _check_same_population(documents: list[dict], sources: list[str]) -> None:
+    """Refuse inputs whose case lists cannot be compared, or differ."""
+    for source, document in zip(sources, documents):
+        absent = [field for field in ("case_list", "shard_cases") if not isinstance(document.get(field), (dict, list))]
+        if absent:
+            raise MergeError(
+                f"cannot merge: {source} records no {' or '.join(absent)} (written by an older suite, or by hand), so "
+                "what it should hold cannot be checked; rerun it with this suite"
+            )
+    versions = {source: (document.get("environment") or {}).get("hypothesis") for source, document in zip(sources, documents)}
+    if len(set(versions.values())) > 1:
+        shown = ", ".join(f"{version} in {source}" for source, version in versions.items())
+        raise MergeError(
+            f"cannot merge: the inputs were drawn with different Hypothesis versions ({shown}), which may draw "
+            "different cases; run every shard with one version"
+        )
+    first = documents[0]["case_list"]
+    for source, document in zip(sources[1:], documents[1:]):
+        if document["case_list"] != first:
+            raise MergeError(
+                f"cannot merge: {source} was drawn from another case list ({document['case_list']['count']} cases, "
+                f"{document['case_list']['digest']}) than {sources[0]} ({first['count']} cases, {first['digest']})"
+            )
 
 
 def _joined(documents: list[dict], field: str):
@@ -106,11 +156,12 @@ def _environment(documents: list[dict]) -> dict:
 
 
 def _input_gate_reasons(documents: list[dict], sources: list[str]) -> list[str]:
-    """Reasons an input's gate failed that its results alone do not explain (e.g. pytest interrupted)."""
+    """Reasons an input's gate failed that its results and missing cases do not explain (pytest interrupted)."""
     reasons = []
     for source, document in zip(sources, documents):
         gate = document.get("gate") or {}
-        if gate and not gate.get("passed") and gate_verdict(document["results"], 0)["passed"]:
+        own = gate_verdict(document["results"], 0, missing=document.get("missing") or [])
+        if gate and not gate.get("passed") and own["passed"]:
             reasons.extend(f"{source}: {reason}" for reason in gate.get("reasons") or ["its gate failed"])
     return reasons
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .failure_kind import FailureKind
 from .metrics import bitwise_differences, max_abs_error, max_ulp_error, sqnr_db
 from .tolerances import tolerance_for
 
@@ -36,6 +37,7 @@ class Measurement:
 
 @dataclass(frozen=True)
 class Problem:
+    kind: FailureKind
     text: str
     rows: tuple[int, ...] = ()  # output rows (dim −2) where it shows, so messages can name their slots
 
@@ -68,18 +70,18 @@ def judge(
             f"output has shape {tuple(actual.shape)} and dtype {actual.dtype}; "
             f"expected {tuple(oracle.shape)} and {initial.dtype}"
         )
-        return Verdict((Problem(problem),), None)
+        return Verdict((Problem(FailureKind.WRONG_OUTPUT_TYPE, problem),), None)
 
     problems: list[Problem] = []
     outside = bitwise_differences(actual, initial) & ~written
     if outside.any():
-        problems.append(Problem(f"wrote {int(outside.sum())} element(s) it must leave untouched", _rows(outside)))
+        problems.append(Problem(FailureKind.OUTSIDE_REGION, f"wrote {int(outside.sum())} element(s) it must leave untouched", _rows(outside)))
 
     a, o, b = actual[written].double(), oracle[written].double(), baseline[written].double()
     nonfinite = torch.zeros_like(written)
     nonfinite[written] = ~torch.isfinite(a) & torch.isfinite(o)
     if nonfinite.any():
-        problems.append(Problem(f"{int(nonfinite.sum())} NaN/Inf element(s) where the oracle is finite", _rows(nonfinite)))
+        problems.append(Problem(FailureKind.NAN_INF, f"{int(nonfinite.sum())} NaN/Inf element(s) where the oracle is finite", _rows(nonfinite)))
 
     finite = torch.isfinite(a) & torch.isfinite(o)
     a, o, b = a[finite], o[finite], b[finite]
@@ -107,5 +109,16 @@ def judge(
         elementwise = torch.zeros(written.shape, dtype=torch.float64)
         elementwise[written] = (actual[written].double() - oracle[written].double()).abs().nan_to_num(0.0)
         text = f"max error {error:.3g} exceeds {which} (ratio {measurement.budget_ratio:.3g})"
-        problems.append(Problem(text, _rows(elementwise > min(budget, cap))))
+        if not bitwise_differences(actual, initial)[written].any():
+            # Not a rounding problem: nothing arrived. The usual cause is an implementation that
+            # returns a new tensor instead of writing into the output it was given.
+            text = (
+                f"wrote nothing: the output is unchanged in all {int(written.sum())} elements it must write, "
+                f"where the oracle differs by up to {max_abs_error(initial[written].double(), oracle[written].double()):.3g}; "
+                "the op writes its result into its output tensor in place (returning a new tensor loses it)"
+            )
+            kind = FailureKind.WROTE_NOTHING
+        else:
+            kind = FailureKind.NUMERICS
+        problems.append(Problem(kind, text, _rows(elementwise > min(budget, cap))))
     return Verdict(tuple(problems), measurement)

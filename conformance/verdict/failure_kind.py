@@ -1,0 +1,68 @@
+"""What went wrong in a case that did not pass, as data.
+
+The outcome (``conformance.verdict.outcome``) says *whether* a case is accepted; the failure kind says
+*how* it went wrong. Every result that is not a pass carries its kinds (a case can show several
+problems at once: NaN in one row, writes outside its region in another), most telling first, and every
+consumer reads them from here: shrinking ("fails the same way"), the symptom check of expectations,
+the report, JUnit and Allure. Nothing in the suite decides a kind by matching message text.
+
+Kinds of a *fail* (the target returned and its output is wrong) and of a *broken* case (the target did
+not return normally) are kept apart by :attr:`FailureKind.broken`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class FailureKind(str, enum.Enum):
+    # the target returned, but what it wrote is wrong (outcome "fail")
+    WRONG_OUTPUT_TYPE = "wrong output type"  # the output tensor changed shape or dtype
+    WROTE_NOTHING = "wrote nothing"  # the output is untouched where the op must write (a new tensor returned?)
+    OUTSIDE_REGION = "wrote outside its region"  # bits changed where the op must leave the output alone
+    NAN_INF = "nan/inf"  # NaN or Inf where the oracle is finite
+    NUMERICS = "numerics"  # finite, inside its region, but outside the error budget
+    MODIFIED_INPUT = "modified an input"  # an input tensor (read-only in every op's contract) changed
+    TOKENS = "generated other tokens"  # end to end: greedy or top-1 tokens differ beyond near-ties
+    # the target did not return normally (outcome "broken")
+    RAISED = "raised"  # the target raised an exception
+    CRASHED = "crashed"  # the process running the case died (signal, os._exit)
+    TIMED_OUT = "timed out"  # the case ran past --case-timeout and was stopped
+    # the harness, not the target
+    NO_RESULT = "no result"  # an expected case has no result at all (the run was killed, a shard is missing)
+
+    @property
+    def broken(self) -> bool:
+        """Whether this kind means the target did not return normally."""
+        return self in (FailureKind.RAISED, FailureKind.CRASHED, FailureKind.TIMED_OUT)
+
+    @property
+    def doc(self) -> str:
+        return KIND_DOCS[self]
+
+
+KIND_DOCS = {
+    FailureKind.WRONG_OUTPUT_TYPE: "the output tensor has another shape or dtype than the op's contract says",
+    FailureKind.WROTE_NOTHING: "the output is bit-identical to its initial value everywhere the op must write; "
+    "wrapper methods and kernel ops write their result into the output tensor in place (a new tensor returned is lost)",
+    FailureKind.OUTSIDE_REGION: "elements the op must leave untouched changed (rows without adapter, other slices, "
+    "columns outside the slice)",
+    FailureKind.NAN_INF: "NaN or Inf where the float64 oracle is finite",
+    FailureKind.NUMERICS: "the largest error exceeds the dtype's error budget",
+    FailureKind.MODIFIED_INPUT: "an input tensor changed; every op only reads its inputs",
+    FailureKind.TOKENS: "end to end: a generated or top-1 token differs from the reference where it is no near-tie",
+    FailureKind.RAISED: "the target raised an exception",
+    FailureKind.CRASHED: "the process running the case died (a signal such as SIGSEGV or SIGABRT, or an exit from "
+    "native code); the harness restarted it and went on",
+    FailureKind.TIMED_OUT: "the case ran past --case-timeout; the harness stopped the process and went on",
+    FailureKind.NO_RESULT: "an expected case has no result (the run was killed before it, or its shard is missing)",
+}
+
+# The order in which a result lists its kinds: the one a kernel author should look at first.
+SEVERITY_ORDER = tuple(FailureKind)
+
+
+def ordered(kinds) -> tuple[FailureKind, ...]:
+    """``kinds`` without repeats, most telling first."""
+    present = set(kinds)
+    return tuple(kind for kind in SEVERITY_ORDER if kind in present)

@@ -1,0 +1,98 @@
+"""Targets that misbehave the way a backend on new hardware does: not with a wrong number, but by
+crashing, hanging or breaking the calling convention. Each wraps the correct ``hpu-emulated`` target and
+misbehaves in every ``add_lora_linear`` call only, so a run over a few ``add_lora_linear`` cases and a
+few cases of other ops shows both that the misbehaving cases are recorded with the right kind and that
+every other case is still judged.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+from conformance.targets.hpu.targets import HpuEmulatedTarget
+
+
+class _MisbehavesInAddLoraLinear(HpuEmulatedTarget):
+    def misbehave(self) -> None:
+        raise NotImplementedError
+
+    def add_lora_linear(self, y, *args, **kwargs):
+        self.misbehave()
+        return super().add_lora_linear(y, *args, **kwargs)
+
+
+class Aborts(_MisbehavesInAddLoraLinear):
+    """A native assertion: ``abort()`` (SIGABRT), as a failed check in a C++ kernel or runtime does."""
+
+    name = "aborts"
+
+    def misbehave(self) -> None:
+        os.abort()
+
+
+class ExitsTheProcess(_MisbehavesInAddLoraLinear):
+    """``exit()`` from native code: no exception, no signal, the process is just gone."""
+
+    name = "exits"
+
+    def misbehave(self) -> None:
+        os._exit(3)
+
+
+class KillsItself(_MisbehavesInAddLoraLinear):
+    """SIGKILL of its own process, as the kernel's OOM killer does to a process that over-allocates."""
+
+    name = "kills-itself"
+
+    def misbehave(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class LoopsForever(_MisbehavesInAddLoraLinear):
+    """A busy loop that never ends (a kernel polling a flag the device never sets)."""
+
+    name = "loops-forever"
+
+    def misbehave(self) -> None:
+        while True:
+            pass
+
+
+class BlocksForever(_MisbehavesInAddLoraLinear):
+    """A call blocked in native code that no Python signal handler interrupts (a device sync that never returns)."""
+
+    name = "blocks-forever"
+
+    def misbehave(self) -> None:
+        lock = threading.Lock()
+        lock.acquire()
+        lock.acquire()  # the same lock again: waits in the C library forever
+
+
+class RaisesDeviceError(_MisbehavesInAddLoraLinear):
+    """An exception from the device runtime."""
+
+    name = "raises"
+
+    def misbehave(self) -> None:
+        raise RuntimeError("synapse error 26: simulated device failure in add_lora_linear")
+
+
+class ReturnsANewTensor(HpuEmulatedTarget):
+    """Computes the right result into a new tensor and returns it, leaving ``y`` untouched: the wrapper
+    methods' contract is to write into ``y``, which this silently breaks."""
+
+    name = "returns-new-tensor"
+
+    def add_lora_linear(self, y, *args, **kwargs):
+        result = y.clone()
+        super().add_lora_linear(result, *args, **kwargs)
+        return result
+
+
+MISBEHAVING = {
+    cls.name: cls
+    for cls in (Aborts, ExitsTheProcess, KillsItself, LoopsForever, BlocksForever, RaisesDeviceError, ReturnsANewTensor)
+}
