@@ -121,10 +121,8 @@ def build_document(manifest: dict, results: list[dict], *, workers: list[dict] |
     missing = [case_id for case_id in expected if case_id not in seen]
     unexpected = sorted(seen - expected_set)
     gate = gate_verdict(results, pytest_exitstatus, missing=missing, unexpected=unexpected)
-    document = {key: value for key, value in manifest.items() if key not in ("expected", "shard_cases")}
+    document = dict(manifest)
     document.update(
-        expected=expected,
-        shard_cases=manifest["shard_cases"],
         missing=missing,
         unexpected=unexpected,
         workers=workers if workers is not None else _workers_from(results),

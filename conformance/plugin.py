@@ -214,6 +214,8 @@ class ConformanceRun:
             manifest = journal.read_manifest(Path(option.resume))
         except ValueError as exc:
             raise pytest.UsageError(f"--resume: {exc}") from None
+        if manifest.get("replay"):
+            raise pytest.UsageError(f"--resume {option.resume}: that run replayed one case; run it again with --replay {manifest['replay']}")
         for name in ("target", "profile", "seed", "shard", "report_dir"):
             given = getattr(option, name)
             recorded = option.resume if name == "report_dir" else manifest[name]

@@ -107,6 +107,7 @@ class IsolatedExecutor:
         self._ready = False
         self._load_error: BaseException | None = None
         self._device: dict | None = None
+        self._in_call = False  # a request is out and its reply not yet read
         self.restarts = 0  # workers started after the first
 
     # -- the worker's life ---------------------------------------------------------------------
@@ -146,6 +147,7 @@ class IsolatedExecutor:
     def _stop(self, kill: bool = True) -> None:
         """End the worker (killed, or asked to exit) and forget it; the next call starts a new one."""
         process, self._process = self._process, None
+        self._in_call = False
         if process is None:
             return
         if not kill and process.poll() is None:
@@ -164,7 +166,8 @@ class IsolatedExecutor:
             Path(self._stack_file).unlink(missing_ok=True)
 
     def close(self) -> None:
-        self._stop(kill=False)
+        """Ask the worker to exit; kill it if it is still busy with a call (the run was interrupted)."""
+        self._stop(kill=self._in_call)
 
     def device_description(self) -> dict | None:
         """The worker's device (name and driver), as it reported when it loaded the target; None if none did."""
@@ -180,7 +183,10 @@ class IsolatedExecutor:
 
     def _receive(self, timeout: float | None, doing: str):
         if not self._replies.poll(timeout):
-            os.kill(self._process.pid, STACK_DUMP_SIGNAL)
+            try:
+                os.kill(self._process.pid, STACK_DUMP_SIGNAL)
+            except ProcessLookupError:  # it ended just now; its stacks, if any, are in the file already
+                pass
             deadline = time.monotonic() + STACK_DUMP_WAIT
             while time.monotonic() < deadline and "File" not in Path(self._stack_file).read_text(errors="replace"):
                 time.sleep(0.05)
@@ -225,7 +231,9 @@ class IsolatedExecutor:
                 self._stop()
                 if attempt == 2:
                     raise
+        self._in_call = True  # stays set if an interrupt ends the wait: close() then kills the busy worker
         kind, value = self._receive(timeout, doing)
+        self._in_call = False
         if kind == "raise":
             raise value
         return value
