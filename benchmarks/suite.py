@@ -108,7 +108,9 @@ def report(measured: list[tuple[SuiteRun, dict]], command: str, machine_lines: l
     for run, r in measured:
         if run.cache == "warm":
             t = totals.setdefault((run.profile, run.workers), [0, 0.0, 0])
-            t[0] += r["cases"]; t[1] += r["wall_s"]; t[2] += 1
+            t[0] += r["cases"]
+            t[1] += r["wall_s"]
+            t[2] += 1
     lines += table(["profile", "workers", "cases", "wall (sum of the two parts, each paying start-up)"],
                    [[p, f"-n {w}" if w else "serial", c, f"{s:.1f} s"] for (p, w), (c, s, k) in totals.items() if k == len(PARTS)]) + [""]
     lines += ["## How time grows with the number of cases", "",

@@ -38,7 +38,24 @@ _EXPORTS = {
 }
 _RENAMED = {"load_target": "load"}
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ = [  # every lazily exported name (_EXPORTS), listed for tools that read __all__ statically
+    "__version__",
+    "Case",
+    "CaseResult",
+    "LoRAMapping",
+    "OP_SPECS",
+    "Outcome",
+    "PROFILES",
+    "PunicaWrapperReference",
+    "Target",
+    "TargetUnavailable",
+    "case_features",
+    "judge",
+    "list_targets",
+    "load_target",
+    "profile_cases",
+    "run_case",
+]
 
 
 def __getattr__(name: str):

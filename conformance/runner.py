@@ -1,6 +1,8 @@
 """Running one case on one target and judging it: the loop every front end (pytest, scripts) shares.
 
-1. ``unsupported_reason`` → NOT_SUPPORTED, without touching the target's ops;
+1. an op the target does not implement (``implemented_ops``), then ``unsupported_reason`` → NOT_SUPPORTED,
+   without touching the target's ops (asked in this order, so a target's own checks in
+   ``unsupported_reason`` never hide that an op is missing);
 2. the target runs the op on the case's values (on its device); an exception → BROKEN;
 3. the reference runs twice on the same values: in float64 (the oracle) and in the case dtype (the
    baseline);
@@ -20,7 +22,7 @@ import torch
 from conformance.cases.case import Case
 from conformance.cases.features import case_features
 from conformance.cases.values import generator_for
-from conformance.ops import OP_SPECS, OpSpec, case_mapping
+from conformance.ops import OP_SPECS, Level, OpSpec, case_mapping
 from conformance.targets.base import Target
 from conformance.targets.reference import ReferenceTarget
 from conformance.verdict import FailureKind, Measurement, Outcome, judge
@@ -50,7 +52,7 @@ class CaseResult:
         return self.kinds[0] if self.kinds else None
 
     @property
-    def level(self) -> str:
+    def level(self) -> Level:
         return OP_SPECS[self.case.op].level
 
     def measurement_json(self) -> dict | None:
@@ -61,7 +63,7 @@ class CaseResult:
         return {
             "id": self.case_id,
             "op": self.case.op,
-            "level": self.level,
+            "level": self.level.value,
             "dtype": self.case.dtype,
             "family": self.case.family,
             "features": sorted(self.features),
@@ -91,7 +93,7 @@ def execute(spec: OpSpec, case: Case, values: Tensors, impl, device: torch.devic
     same case (the reference's oracle and baseline runs share one).
     """
     tensors = {name: value.to(device).clone() for name, value in values.items()}
-    if spec.level == "wrapper" and update_metadata:
+    if spec.level == Level.WRAPPER and update_metadata:
         impl.update_metadata(case_mapping(case))
     call = spec.make_call(case, tensors, device)
     getattr(impl, spec.name)(*call.args, **call.kwargs)
@@ -128,7 +130,10 @@ def describe_rows(rows: tuple[int, ...], row_slots: tuple[int, ...], limit: int 
 def run_case(target: Target, case: Case, case_id: str | None = None, values: Tensors | None = None) -> CaseResult:
     case_id = case_id or case.case_id
     features = case_features(case)
-    reason = target.unsupported_reason(case)
+    if case.op not in target.implemented_ops():
+        reason = f"{target.name} does not implement {case.op}"
+    else:
+        reason = target.unsupported_reason(case)
     if reason is not None:
         return CaseResult(case_id, case, Outcome.NOT_SUPPORTED, reason, features=features)
     spec = OP_SPECS[case.op]

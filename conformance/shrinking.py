@@ -17,7 +17,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, Phase, given, settings
 
 from conformance.cases.case import Case
-from conformance.generator.drawing import without_local_constants
+from conformance.compat import without_hypothesis_local_constants
 from conformance.generator.limits import Limits
 from conformance.generator.strategies import cases
 from conformance.ops import OP_SPECS
@@ -52,7 +52,7 @@ def shrink_failure(target: Target, failing: CaseResult, limits: Limits, max_exam
             raise AssertionError("fails the same way")
 
     try:
-        with without_local_constants():
+        with without_hypothesis_local_constants():
             fails_the_same_way()
     except AssertionError:
         pass

@@ -1,7 +1,7 @@
 """A plain, correct torch target of the kernel ops, and seeded faults: real LoRA bug classes, one each.
 
 ``PlainTorchTarget`` is written independently of ``conformance.reference``: where the reference
-groups rows by adapter, this one works like Gaudi's mask-based LoRA ops (shared/notes §6). Every
+groups rows by adapter, this one works like Gaudi's mask-based LoRA ops (docs/gaudi-lora.md §1.2). Every
 row's product is taken against *all* slots at once, then a ``[T, L·R]`` one-hot mask keeps the
 columns of the row's own slot:
 
@@ -252,7 +252,7 @@ class SlotIdUsedAsSlot(PlainTorchTarget):
 class MaskBlockOffByOne(PlainTorchTarget):
     """The mask's column block of slot ``l`` starts at ``l·R + 1`` instead of ``l·R``.
 
-    Gaudi's LoRA runs on a ``[T, L·R]`` mask built by the model runner (shared/notes §6); an off-by-one
+    Gaudi's LoRA runs on a ``[T, L·R]`` mask built by the model runner (docs/gaudi-lora.md §3.1); an off-by-one
     in the block start mixes one rank column of the neighbouring slot in and drops one of its own."""
 
     name = "fault-mask-block-off-by-one"
@@ -267,7 +267,7 @@ class MaskBlockOffByOne(PlainTorchTarget):
 class LastSlotNeverApplied(PlainTorchTarget):
     """Rows of the last slot ``L−1`` get no delta: the slot loop runs to ``L−2``.
 
-    vLLM's own tests draw slots in ``[0, L−2]`` only (shared/notes §7), so an off-by-one loop bound over
+    vLLM's own tests draw slots in ``[0, L−2]`` only (docs/vllm-lora-ops.md §7.1), so an off-by-one loop bound over
     the slots passes them."""
 
     name = "fault-last-slot-never-applied"
@@ -304,7 +304,7 @@ class ScalesInputInPlace(PlainTorchTarget):
 class ScaleIgnored(PlainTorchTarget):
     """The shrink ignores ``scale``: the first Gaudi wrapper passed 1.0 whatever the caller asked for.
 
-    PR vllm#10565 before review (shared/notes §6)."""
+    PR vllm#10565 before review (docs/vllm-lora-ops.md §6)."""
 
     name = "fault-scale-ignored"
 
@@ -326,7 +326,7 @@ class AddInputsIgnored(PlainTorchTarget):
 class NoAdapterRowsOverwritten(PlainTorchTarget):
     """``add_inputs=False`` overwrites every row, so rows of slot −1 are zeroed.
 
-    vLLM's torch ops compute every row and assign ``out[:, cols] = delta`` (shared/notes §2, torch_ops
+    vLLM's torch ops compute every row and assign ``out[:, cols] = delta`` (docs/vllm-lora-ops.md §2.3, torch_ops
     difference 3); the Triton kernels never touch rows of slot −1."""
 
     name = "fault-no-adapter-rows-overwritten"
@@ -433,7 +433,7 @@ class ShrinkStoresInInputDtype(PlainTorchTarget):
     """The shrink result passes through the activation dtype before the float32 buffer.
 
     The LoRA intermediate buffer allocated in the input dtype instead of float32 (vllm#33704,
-    PR #38686; shared/notes §8 #9): the shrink output loses its float32 precision."""
+    PR #38686; docs/vllm-lora-ops.md §8 #9): the shrink output loses its float32 precision."""
 
     name = "fault-shrink-in-input-dtype"
 
@@ -456,7 +456,7 @@ class RankTailIgnored(PlainTorchTarget):
 class ExpandWritesPastSlice(PlainTorchTarget):
     """The expand writes whole 16-column blocks: columns past the slice get products of stale weights.
 
-    The column mask checks the block, not ``N`` (bgmv_expand's ``SPLIT_N`` masking, shared/notes §2); the
+    The column mask checks the block, not ``N`` (bgmv_expand's ``SPLIT_N`` masking, docs/vllm-lora-ops.md §2.2); the
     rows read past ``B[l]``'s end are the next slot's (zeros past the stack)."""
 
     name = "fault-expand-writes-past-slice"
@@ -468,7 +468,7 @@ class ExpandWritesPastSlice(PlainTorchTarget):
 class SgmvInclusiveSeqStarts(PlainTorchTarget):
     """sgmv segments start at the inclusive prefix sum of the lengths instead of ``b_seq_start_loc``.
 
-    The exclusive/inclusive cumsum swap (shared/notes §8, synthetic list): every segment is shifted by its
+    The exclusive/inclusive cumsum swap (docs/vllm-lora-ops.md §8, synthetic list): every segment is shifted by its
     own length; rows past the end are dropped."""
 
     name = "fault-sgmv-inclusive-starts"
@@ -481,7 +481,7 @@ class SgmvInclusiveSeqStarts(PlainTorchTarget):
 class SgmvIgnoresSeqStartLoc(PlainTorchTarget):
     """sgmv ignores ``b_seq_start_loc``: segment slots are repeated by length from row 0.
 
-    vLLM's CPU torch ops (``repeat_interleave(lora_indices, seq_len)``, shared/notes §2 difference 5)
+    vLLM's CPU torch ops (``repeat_interleave(lora_indices, seq_len)``, docs/vllm-lora-ops.md §2.3 difference 5)
     assume the segments are contiguous from row 0 and cover every row."""
 
     name = "fault-sgmv-ignores-seq-start-loc"

@@ -17,7 +17,6 @@ import threading
 
 from conformance.targets.hpu.targets import HpuEmulatedTarget
 
-
 ONCE_FILE_ENV = "MISBEHAVE_ONCE_FILE"
 
 

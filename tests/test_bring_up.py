@@ -27,8 +27,7 @@ from conformance.cases import Case
 from conformance.generator.profiles import profile_cases
 from conformance.ops import case_mapping
 from conformance.runner import run_case
-from conformance.targets import KERNEL_OPS, WRAPPER_OPS, TargetUnavailable, known_targets, resolve
-from conformance.targets import kernel_target
+from conformance.targets import KERNEL_OPS, WRAPPER_OPS, TargetUnavailable, kernel_target, known_targets, resolve
 from conformance.targets.describe import describe_class
 from conformance.targets.kernel_target import KernelTarget
 from conformance.verdict import Outcome

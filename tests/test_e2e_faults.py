@@ -9,12 +9,6 @@ only the adapter in it, and so on.
 from __future__ import annotations
 
 import pytest
-
-from conformance.e2e.cases import e2e_cases
-from conformance.e2e.generation import slot_assignment
-from conformance.e2e.run import E2ERunner
-from conformance.verdict import Outcome
-
 from fault_targets import (
     FirstSliceWeightsForAllSlices,
     LastSlotNeverApplied,
@@ -24,6 +18,11 @@ from fault_targets import (
     RankTailIgnored,
     SlotIdUsedAsSlot,
 )
+
+from conformance.e2e.cases import e2e_cases
+from conformance.e2e.generation import slot_assignment
+from conformance.e2e.run import E2ERunner
+from conformance.verdict import Outcome
 
 SMOKE = e2e_cases("smoke")
 

@@ -1,8 +1,8 @@
-"""The end-to-end fixtures (fixtures/): they reproduce byte for byte, load in transformers and PEFT
+"""The end-to-end fixtures (conformance/fixtures/): they reproduce byte for byte, load in transformers and PEFT
 offline with every adapter tensor in place, and are far enough from degenerate that greedy token ids
 are a meaningful comparison (no collapse, few near-ties, every adapter changes the output).
 
-vLLM loading is checked by hand (fixtures/README.md), not here: one LLM instance costs ~20 s.
+vLLM loading is checked by hand (conformance/fixtures/README.md), not here: one LLM instance costs ~20 s.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "fixtures"
+FIXTURES = ROOT / "conformance" / "fixtures"
 SCRIPT = FIXTURES / "make_fixtures.py"
 MODEL_DIR = FIXTURES / "tiny-llama"
 ADAPTERS_DIR = FIXTURES / "adapters"

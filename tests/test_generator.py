@@ -3,7 +3,7 @@
 The conformance suite is only as good as the cases it draws. These tests check, on the real smoke
 and standard profiles, that every edge-case family is drawn for every op × dtype and really shows its
 feature; that the ``random`` family mixes the knobs at useful rates; that the standard profile reaches
-the sizes and flags vLLM's own tests miss (shared/notes/vllm-lora-ops.md §7, "Not covered"); that
+the sizes and flags vLLM's own tests miss (docs/vllm-lora-ops.md §7.5, "Not covered"); that
 drawing is deterministic; and that a case survives its JSON round trip.
 
 Drawing a profile costs seconds, so each profile is drawn once per module (``profile_cases`` may
@@ -27,7 +27,6 @@ from conformance.cases.features import LARGE_T
 from conformance.generator import FAMILIES, PROFILES, cases, draw_examples, families_for, profile_cases
 from conformance.ops import OP_SPECS
 from conformance.ops.kernel import shrink_written
-
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,8 +17,8 @@ from conformance.expectations import (
     split_applicable,
 )
 from conformance.gate import gate_verdict
-from conformance.generator import profile_cases
 from conformance.generator import cache as profile_cache
+from conformance.generator import profile_cases
 from conformance.runner import CaseResult, check_values, make_values
 from conformance.verdict import FailureKind, Outcome, judge
 

@@ -267,7 +267,7 @@ class FakeLoraMask:
     mask = None
 
     @staticmethod
-    def setLoraMask(mask):  # noqa: N802 - the plugin's name
+    def setLoraMask(mask):
         FakeLoraMask.mask = mask
 
 

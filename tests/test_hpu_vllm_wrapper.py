@@ -10,19 +10,18 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from profile_runs import run_profile
 
 pytest.importorskip("vllm.lora.punica_wrapper.punica_base", reason="needs vLLM (pip install 'lora-conformance[vllm]')")
 
-from conformance.generator import profile_cases  # noqa: E402
-from conformance.reference import LoRAMapping, PunicaWrapperReference  # noqa: E402
-from conformance.targets._vllm import VllmWrapperMethods, import_vllm_module, lora_index_to_id, vllm_lora_mapping  # noqa: E402
-from conformance.targets.base import WRAPPER_OPS, Target  # noqa: E402
-from conformance.targets.hpu.vllm_wrapper import make_vllm_punica_wrapper_class  # noqa: E402
-from conformance.verdict import Outcome  # noqa: E402
+from conformance.generator import profile_cases
+from conformance.reference import LoRAMapping, PunicaWrapperReference
+from conformance.targets._vllm import VllmWrapperMethods, import_vllm_module, lora_index_to_id, vllm_lora_mapping
+from conformance.targets.base import WRAPPER_OPS, Target
+from conformance.targets.hpu.vllm_wrapper import make_vllm_punica_wrapper_class
+from conformance.verdict import Outcome
 
 PunicaWrapperBase = import_vllm_module("vllm.lora.punica_wrapper.punica_base", "test").PunicaWrapperBase
 

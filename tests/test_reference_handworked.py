@@ -2,7 +2,7 @@
 
 Each test spells out its inputs as small integers and its expected output as literals computed on
 paper (the comments show the arithmetic), so a reader can check the reference against the notes
-(shared/notes/vllm-lora-ops.md §2–§5) without trusting any other code. Everything runs in float64,
+(docs/vllm-lora-ops.md §2–§5) without trusting any other code. Everything runs in float64,
 where these sums are exact, so results are compared exactly (rtol = atol = 0).
 
 Conventions used throughout: "sentinel" rows hold values no op may touch (slot −1 rows, rows outside

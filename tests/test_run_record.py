@@ -149,3 +149,25 @@ class TestMergeChecks:
         other_hypothesis = self._document([_record("b")], ["b"], ["a", "b"], shard="1/2", environment={"hypothesis": "7.0.0"})
         with pytest.raises(MergeError, match="different Hypothesis versions.*6.170.17 in s0.json, 7.0.0 in s1.json"):
             merge_documents([first, other_hypothesis], ["s0.json", "s1.json"])
+
+
+class TestARunWithoutPytest:
+    def test_a_script_drives_a_whole_run_and_gets_the_same_document(self, tmp_path):
+        import subprocess
+        import sys
+
+        script = (
+            "import sys, json\n"
+            "from conformance.session import ConformanceRun, RunSettings\n"
+            f"run = ConformanceRun(RunSettings(target='reference', profile='smoke', shard='0/24', report_dir={str(tmp_path)!r}))\n"
+            "document = run.run_all()\n"
+            "assert 'pytest' not in sys.modules, 'the run imported pytest'\n"
+            "print(json.dumps({'passed': document['gate']['passed'], 'results': len(document['results']), 'missing': document['missing']}))\n"
+        )
+        completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        summary = json.loads(completed.stdout.splitlines()[-1])
+        assert summary["passed"] and summary["results"] > 20 and summary["missing"] == []
+        written = json.loads((tmp_path / "results.json").read_text())
+        assert written["shard"] == "0/24" and len(written["expected"]) == summary["results"]
+        assert (tmp_path / "report.html").is_file() and (tmp_path / "run.json").is_file()

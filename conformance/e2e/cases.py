@@ -21,7 +21,7 @@ E2E_DTYPES = ("float32", "bfloat16", "float16")
 MAX_NEW_TOKENS = 16
 TOP_K = 5
 
-# The fixture adapters (fixtures/adapters/<name>), by what makes each one different.
+# The fixture adapters (conformance/fixtures/adapters/<name>), by what makes each one different.
 ATTN = "attn-qv-r8"  # q and v only, rank 8
 ALL = "all-linear-r16-rslora"  # every linear module, rank 16, rsLoRA scaling
 MLP = "mlp-r6"  # gate/up/down, rank 6 (below the stack's max rank: zero padded)

@@ -8,41 +8,14 @@ case of a family is the easiest to debug) or skip it for one more random draw.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import TypeVar
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis.strategies import SearchStrategy
 
+from conformance.compat import without_hypothesis_local_constants
+
 T = TypeVar("T")
-
-
-@contextlib.contextmanager
-def without_local_constants() -> Iterator[None]:
-    """Keep Hypothesis from mixing in constants read from whatever local modules this process imported.
-
-    Hypothesis (≥ 6.13x) sometimes draws integer literals it finds in the user's own imported modules.
-    Which modules those are differs between processes (a vendor's target, the tests that ran before),
-    so the same seed would draw different cases on different workers and machines, and shards would
-    not add up. Inside this block the pool of local constants is empty; Hypothesis' own global
-    constants still apply. Older Hypothesis versions have no such pool: nothing to do then.
-    """
-    try:
-        from hypothesis.internal.conjecture import providers
-        from hypothesis.internal.constants_ast import Constants
-
-        original, cache = providers._get_local_constants, providers.CONSTANTS_CACHE
-    except (ImportError, AttributeError):  # pragma: no cover - older Hypothesis
-        yield
-        return
-    cache.cache.clear()
-    providers._get_local_constants = Constants
-    try:
-        yield
-    finally:
-        providers._get_local_constants = original
-        cache.cache.clear()
 
 
 def draw_examples(strategy: SearchStrategy[T], count: int, draw_seed: int, include_simplest: bool = True) -> list[T]:
@@ -63,6 +36,6 @@ def draw_examples(strategy: SearchStrategy[T], count: int, draw_seed: int, inclu
     def collect(example: T) -> None:
         drawn.append(example)
 
-    with without_local_constants():
+    with without_hypothesis_local_constants():  # the same cases in every process
         collect()
     return drawn[skip:]

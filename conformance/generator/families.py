@@ -3,68 +3,361 @@
 Each family is a goal the strategy steers towards (every case of family ``f`` exhibits feature ``f``
 when the op can express it) and applies to the ops that read the knobs it needs. vLLM's own random
 tests reach none of ``neg1``, ``neg1_one_slot``, ``last_slot``, ``unequal_seqs`` or ``slices``
-(shared/notes/vllm-lora-ops.md §7).
+(docs/vllm-lora-ops.md §7.5).
+
+A family is one class here: its name, what it is, the knobs it needs, the feature it shows, and the
+draws it adjusts. The strategy (``conformance.generator.strategies.cases``) draws every case through
+the same steps, in the same order, asking the family at each step; :class:`Family` holds the
+defaults (draw freely where the structure is drawn, leave every optional feature off), and each
+family overrides only the steps it steers. ``random`` turns each optional feature on or off by a
+draw of its own. Adding a family is one subclass and one entry in ``FAMILIES``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import ClassVar
 
+from hypothesis import strategies as st
+
+from conformance.cases.case import ODD_HIDDEN_SIZES, REAL_HIDDEN_SIZES
 from conformance.ops import OpSpec
 
+from .limits import Limits
 
-@dataclass(frozen=True)
+POWER_OF_TWO_RANKS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+ODD_RANKS = (1, 3, 5, 7, 12, 20, 33, 49, 100, 200, 250)
+
+
 class Family:
-    name: str
-    doc: str
-    needs_knobs: frozenset[str] = frozenset()
-    feature: str | None = None  # the feature (conformance.cases.features) every case of the family shows
-    dtypes: frozenset[str] | None = None  # the case dtypes where the family can show its feature (None: all)
+    """The defaults of every step; a family overrides the steps it steers."""
+
+    name: ClassVar[str]
+    doc: ClassVar[str]
+    needs_knobs: ClassVar[frozenset[str]] = frozenset()
+    feature: ClassVar[str | None] = None  # the feature (conformance.cases.features) every case shows
+    dtypes: ClassVar[frozenset[str] | None] = None  # the case dtypes where it can show its feature (None: all)
+    min_seqs: ClassVar[int] = 1
+    sized: ClassVar[bool] = False  # draws a real or odd feature size (hidden size, else the output width)
+    decode: ClassVar[bool] = False  # a decode batch (ops that read prefill)
 
     def applies_to(self, spec: OpSpec, dtype: str) -> bool:
         return self.needs_knobs <= spec.knobs and (self.dtypes is None or dtype in self.dtypes)
 
+    # -- the structure: slots, sequences, ranks, sizes ------------------------------------------
 
-def _family(
-    name: str, doc: str, needs: tuple[str, ...] = (), feature: str | None = "", dtypes: tuple[str, ...] | None = None
-) -> Family:
-    return Family(name, doc, frozenset(needs), name if feature == "" else feature, frozenset(dtypes) if dtypes else None)
+    def num_slots(self, draw, limits: Limits) -> int:
+        return draw(st.integers(1, limits.max_slots))
+
+    def sequence_lengths(self, draw, limits: Limits) -> tuple[int, ...]:
+        max_len = 2 if self.sized else limits.max_seq_len
+        return tuple(self._lengths(draw, limits, max_len))
+
+    def _lengths(self, draw, limits: Limits, max_len: int) -> list[int]:
+        return draw(st.lists(st.integers(1, max_len), min_size=self.min_seqs, max_size=max(self.min_seqs, limits.max_seqs)))
+
+    def sequence_slots(self, draw, num_seqs: int, num_slots: int) -> tuple[int, ...]:
+        return tuple(self.steer_slots(draw, self._slots(draw, num_seqs, num_slots), num_slots))
+
+    def _slots(self, draw, num_seqs: int, num_slots: int) -> list[int]:
+        return draw(st.lists(st.integers(-1, num_slots - 1), min_size=num_seqs, max_size=num_seqs))
+
+    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
+        return slots
+
+    def max_rank(self, draw, limits: Limits) -> int:
+        return draw(st.sampled_from([r for r in POWER_OF_TWO_RANKS if r <= limits.max_rank]))
+
+    def slot_ranks(self, draw, max_rank: int, num_slots: int) -> list[int]:
+        any_rank = st.one_of(st.just(max_rank), st.integers(1, max_rank))
+        return draw(st.lists(any_rank, min_size=num_slots, max_size=num_slots))
+
+    def affordable(self, limits: Limits, max_rank: int, ranks: tuple[int, ...]) -> tuple[Limits, int, tuple[int, ...]]:
+        """Smaller limits for a family whose cases would otherwise be too costly to compute."""
+        return limits, max_rank, ranks
+
+    def feature_size(self, draw, default_max: int) -> int:
+        return draw(st.integers(8, default_max))
+
+    def slice_count(self, draw, spec: OpSpec) -> int:
+        return draw(st.integers(1, spec.max_slices))
+
+    def distinct_widths(self) -> bool:
+        return False
+
+    # -- the optional features: off unless the family turns them on ------------------------------
+
+    def with_offset(self, draw, spec: OpSpec) -> bool:
+        return False
+
+    def wide(self, draw) -> bool:
+        return False
+
+    def add_inputs(self, draw) -> bool:
+        return True
+
+    def scaled(self, draw) -> bool:
+        return False
+
+    def fp32_input(self, draw) -> bool:
+        return False
+
+    def bias(self, draw) -> bool:
+        return False
+
+    def weights_4d(self, draw) -> bool:
+        return False
+
+    def distribution(self, draw) -> str:
+        return "normal"
+
+
+def _draws_on(self, draw) -> bool:
+    return draw(st.booleans())
+
+
+class Random(Family):
+    name, doc = "random", "everything drawn freely"
+    wide = add_inputs = scaled = fp32_input = bias = weights_4d = _draws_on
+
+    def distribution(self, draw) -> str:
+        return draw(st.sampled_from(("normal", "positive")))
+
+
+class Neg1(Family):
+    name, doc, feature, min_seqs = "neg1", "rows without adapter (slot −1) mixed with adapter rows", "neg1", 2
+
+    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
+        i = draw(st.integers(0, len(slots) - 1))
+        j = (i + 1 + draw(st.integers(0, len(slots) - 2))) % len(slots)
+        slots[i] = -1
+        if slots[j] == -1:
+            slots[j] = draw(st.integers(0, num_slots - 1))
+        return slots
+
+
+class Neg1OneSlot(Neg1):
+    name, doc, feature = "neg1_one_slot", "slot −1 mixed with the only slot of a one-slot stack", "one_slot"
+
+    def num_slots(self, draw, limits: Limits) -> int:
+        return 1
+
+
+class AllNeg1(Family):
+    name, doc, feature = "allneg1", "no row uses an adapter", "allneg1"
+
+    def _slots(self, draw, num_seqs: int, num_slots: int) -> list[int]:
+        return [-1] * num_seqs
+
+
+class LastSlot(Family):
+    name, doc, feature = "last_slot", "the last slot L−1 is used", "last_slot"
+
+    def num_slots(self, draw, limits: Limits) -> int:
+        return draw(st.integers(2, limits.max_slots))
+
+    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
+        slots[draw(st.integers(0, len(slots) - 1))] = num_slots - 1
+        return slots
+
+
+class NonContiguous(Family):
+    name, doc, feature, min_seqs = "noncontig", "one adapter on non-adjacent tokens", "noncontig", 3
+
+    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
+        start = draw(st.integers(0, len(slots) - 3))
+        slot = draw(st.integers(0, num_slots - 1))
+        other = draw(st.integers(-1, num_slots - 1).filter(lambda s: s != slot))
+        slots[start : start + 3] = [slot, other, slot]
+        return slots
+
+
+class UnequalSequences(Family):
+    name, doc, feature, min_seqs = "unequal_seqs", "sequences of unequal length, one of length 1", "len1_seq", 2
+
+    def _lengths(self, draw, limits: Limits, max_len: int) -> list[int]:
+        lens = super()._lengths(draw, limits, max_len)
+        longer = draw(st.integers(2, max(2, limits.max_seq_len)))
+        where = draw(st.integers(0, len(lens) - 1))
+        lens[where] = longer
+        lens[(where + 1) % len(lens)] = 1
+        return lens
+
+
+class OneToken(Family):
+    name, doc, feature = "t1", "a single token", "t1"
+
+    def sequence_lengths(self, draw, limits: Limits) -> tuple[int, ...]:
+        return (1,)
+
+
+class LargeT(Family):
+    name, doc, feature = "large_t", "a thousand tokens or more", "large_t"
+
+    def sequence_lengths(self, draw, limits: Limits) -> tuple[int, ...]:
+        low, high = limits.large_t
+        count = draw(st.integers(1, 4))
+        # Round the per-sequence floor up: 3 × (1024 // 3) = 1023 tokens would miss ``large_t``.
+        return tuple(draw(st.lists(st.integers(-(-low // count), high // count), min_size=count, max_size=count)))
+
+    def affordable(self, limits, max_rank, ranks):
+        return _small_products(limits), min(max_rank, 16), tuple(min(r, 16) for r in ranks)
+
+
+class RankPadded(Family):
+    name, doc, feature = "rank_padded", "adapters of rank below the stack's max rank", "rank_padded"
+
+    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
+        if all(s == -1 for s in slots):  # a padded rank only matters on a row that reads it
+            slots[draw(st.integers(0, len(slots) - 1))] = draw(st.integers(0, num_slots - 1))
+        return slots
+
+    def max_rank(self, draw, limits: Limits) -> int:
+        return max(super().max_rank(draw, limits), 2)  # rank 1 cannot be padded
+
+    def slot_ranks(self, draw, max_rank: int, num_slots: int) -> list[int]:
+        return draw(st.lists(st.integers(1, max(1, max_rank - 1)), min_size=num_slots, max_size=num_slots))
+
+
+class RankOdd(Family):
+    name, doc, feature = "rank_odd", "ranks that are not multiples of 16, rank 1 included", "rank_odd"
+
+    def max_rank(self, draw, limits: Limits) -> int:
+        return draw(st.sampled_from([r for r in ODD_RANKS if r <= max(limits.max_rank, 33)]))
+
+    def slot_ranks(self, draw, max_rank: int, num_slots: int) -> list[int]:
+        ranks = super().slot_ranks(draw, max_rank, num_slots)
+        ranks[draw(st.integers(0, num_slots - 1))] = max_rank if max_rank % 16 else 1
+        return ranks
+
+
+class RankMax(Family):
+    name, doc = "rank_max", "the largest rank vLLM supports (256)"
+
+    def max_rank(self, draw, limits: Limits) -> int:
+        return 256
+
+    def affordable(self, limits, max_rank, ranks):
+        return _small_products(limits), max_rank, ranks
+
+
+class RealHidden(Family):
+    name, doc, feature, sized = "real_hidden", "hidden sizes of real models", "real_hidden", True
+
+    def feature_size(self, draw, default_max: int) -> int:
+        return draw(st.sampled_from(REAL_HIDDEN_SIZES))
+
+
+class OddHidden(Family):
+    name, doc, feature, sized = "odd_hidden", "hidden sizes that are no multiple of any block size", "odd_hidden", True
+
+    def feature_size(self, draw, default_max: int) -> int:
+        return draw(st.sampled_from(ODD_HIDDEN_SIZES))
+
+
+class Slices(Family):
+    name, doc, feature = "slices", "2–3 output slices of unequal width", "unequal_slices"
+    needs_knobs = frozenset({"slices"})
+
+    def slice_count(self, draw, spec: OpSpec) -> int:
+        return draw(st.integers(2, spec.max_slices))
+
+    def distinct_widths(self) -> bool:
+        return True
+
+
+class Offset(Family):
+    name, doc, feature = "offset", "output written from a column offset, output wider than written", "offset"
+    needs_knobs = frozenset({"offset"})
+
+    def with_offset(self, draw, spec: OpSpec) -> bool:
+        return True
+
+    def wide(self, draw) -> bool:
+        return True
+
+
+class WideOutput(Family):
+    name, doc, feature = "wide_output", "output wider than the columns written", "wide_output"
+    needs_knobs = frozenset({"wide"})
+
+    def wide(self, draw) -> bool:
+        return True
+
+
+class NoAddInputs(Family):
+    name, doc, feature = "no_add_inputs", "add_inputs=False: overwrite instead of accumulate", "no_add_inputs"
+    needs_knobs = frozenset({"add_inputs"})
+
+    def add_inputs(self, draw) -> bool:
+        return False
+
+
+class Scaled(Family):
+    name, doc, feature = "scaled", "scale ≠ 1", "scaled"
+    needs_knobs = frozenset({"scale"})
+
+    def scaled(self, draw) -> bool:
+        return True
+
+
+class Fp32Input(Family):
+    name, doc, feature = "fp32_input", "a float32 expand input (the shrink buffer) rounded to the weight dtype", "fp32_input"
+    needs_knobs = frozenset({"expand_input"})
+    dtypes = frozenset({"float16", "bfloat16"})  # a float32 input into float32 weights rounds nothing
+
+    def fp32_input(self, draw) -> bool:
+        return True
+
+
+class Bias(Family):
+    name, doc, feature = "bias", "LoRA bias per slot", "bias"
+    needs_knobs = frozenset({"bias"})
+
+    # A bias must follow offset_start and must not be scaled, so the bias family also draws both.
+    def with_offset(self, draw, spec: OpSpec) -> bool:
+        return "offset" in spec.knobs and draw(st.booleans())
+
+    scaled = _draws_on
+
+    def bias(self, draw) -> bool:
+        return True
+
+
+class FourDStacks(Family):
+    name, doc, feature = "w4d", "4-D weight stacks [L, 1, rows, cols]", "w4d"
+
+    def weights_4d(self, draw) -> bool:
+        return True
+
+
+class Decode(Family):
+    name, doc, feature, decode = "decode", "decode batch: one token per sequence", "decode", True
+    needs_knobs = frozenset({"prefill"})
+
+    def sequence_lengths(self, draw, limits: Limits) -> tuple[int, ...]:
+        return (1,) * draw(st.integers(1, limits.max_seqs * 2))
+
+
+class Positive(Family):
+    name, doc, feature = "positive", "all-positive values: large sums without cancellation", "positive"
+
+    def distribution(self, draw) -> str:
+        return "positive"
+
+
+def _small_products(limits: Limits) -> Limits:
+    """Limits that keep the products of a thousand tokens, or of rank 256, affordable."""
+    return Limits(limits.max_slots, limits.max_seqs, limits.max_seq_len, 64, 64, 16, limits.large_t, 1)
 
 
 FAMILIES: dict[str, Family] = {
-    f.name: f
-    for f in (
-        _family("random", "everything drawn freely", feature=None),
-        _family("neg1", "rows without adapter (slot −1) mixed with adapter rows"),
-        _family("neg1_one_slot", "slot −1 mixed with the only slot of a one-slot stack", feature="one_slot"),
-        _family("allneg1", "no row uses an adapter"),
-        _family("last_slot", "the last slot L−1 is used"),
-        _family("noncontig", "one adapter on non-adjacent tokens"),
-        _family("unequal_seqs", "sequences of unequal length, one of length 1", feature="len1_seq"),
-        _family("t1", "a single token"),
-        _family("large_t", "a thousand tokens or more"),
-        _family("rank_padded", "adapters of rank below the stack's max rank"),
-        _family("rank_odd", "ranks that are not multiples of 16, rank 1 included"),
-        _family("rank_max", "the largest rank vLLM supports (256)", feature=None),
-        _family("real_hidden", "hidden sizes of real models"),
-        _family("odd_hidden", "hidden sizes that are no multiple of any block size"),
-        _family("slices", "2–3 output slices of unequal width", ("slices",), "unequal_slices"),
-        _family("offset", "output written from a column offset, output wider than written", ("offset",)),
-        _family("wide_output", "output wider than the columns written", ("wide",)),
-        _family("no_add_inputs", "add_inputs=False: overwrite instead of accumulate", ("add_inputs",)),
-        _family("scaled", "scale ≠ 1", ("scale",)),
-        _family(
-            "fp32_input",
-            "a float32 expand input (the shrink buffer) rounded to the weight dtype",
-            ("expand_input",),
-            dtypes=("float16", "bfloat16"),  # a float32 input into float32 weights rounds nothing
-        ),
-        _family("bias", "LoRA bias per slot", ("bias",)),
-        _family("w4d", "4-D weight stacks [L, 1, rows, cols]"),
-        _family("decode", "decode batch: one token per sequence", ("prefill",)),
-        _family("positive", "all-positive values: large sums without cancellation"),
+    family.name: family
+    for family in (
+        Random(), Neg1(), Neg1OneSlot(), AllNeg1(), LastSlot(), NonContiguous(), UnequalSequences(), OneToken(),
+        LargeT(), RankPadded(), RankOdd(), RankMax(), RealHidden(), OddHidden(), Slices(), Offset(), WideOutput(),
+        NoAddInputs(), Scaled(), Fp32Input(), Bias(), FourDStacks(), Decode(), Positive(),
     )
-}
+}  # fmt: skip
 
 
 def families_for(spec: OpSpec, dtype: str) -> tuple[Family, ...]:

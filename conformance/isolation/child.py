@@ -36,7 +36,7 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _dump_stacks_into(path: str):
-    stream = open(path, "w", buffering=1)  # noqa: SIM115 - open for the life of the process
+    stream = open(path, "w", buffering=1)
     stream.write(f"{MAIN_THREAD_LINE}0x{threading.get_ident():016x}\n")
     faulthandler.enable(file=stream, all_threads=True)
     faulthandler.register(STACK_DUMP_SIGNAL, file=stream, all_threads=True, chain=False)

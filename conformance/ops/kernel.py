@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from conformance import reference
 from conformance.cases.case import Case
 from conformance.cases.values import activations, lora_a_stack, lora_b_stack
 from conformance.reference import LoRAKernelMeta
 
-from .spec import OpCall, OpSpec, Tensors, rows_and_columns, row_mask
+from .level import Level
+from .spec import OpCall, OpSpec, Tensors, row_mask, rows_and_columns
 
 # -- values ------------------------------------------------------------------------------------
 
@@ -116,7 +118,8 @@ def expand_written(case: Case) -> torch.Tensor:
 
 
 def _kernel(name, summary, knobs, values, call, written, max_slices=1) -> OpSpec:
-    return OpSpec(name, "kernel", summary, frozenset(knobs), values, call, written, max_slices=max_slices)
+    """A kernel op's spec; its reference is ``conformance.reference.<name>``."""
+    return OpSpec(name, Level.KERNEL, summary, frozenset(knobs), values, call, written, getattr(reference, name), max_slices=max_slices)
 
 
 SHRINK_KNOBS = {"hidden", "scale"}

@@ -2,8 +2,11 @@
 
 An :class:`OpSpec` says which level an op belongs to, which case knobs it reads (so the generator
 leaves the others at their defaults), which edge-case families apply, how to fill its tensors, how
-to call it, which tensor it writes and which elements it may write. The generic runner consumes
-these; nothing here knows a target.
+to call it, which tensor it writes and which elements it may write, and which function of the golden
+reference computes it. The generic runner consumes these; nothing here knows a target.
+
+An op is one spec plus its reference module: the op lists (``conformance.ops.ops_at``), the
+``reference`` target and ``describe`` all derive from the registered specs (``conformance.ops.register``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from conformance.cases.case import Case
+
+from .level import Level
 
 Tensors = dict[str, torch.Tensor]
 
@@ -30,12 +35,16 @@ class OpCall:
 @dataclass(frozen=True)
 class OpSpec:
     name: str
-    level: str  # "kernel" or "wrapper"
+    level: Level
     summary: str
     knobs: frozenset[str]
     make_values: Callable[[Case, torch.Generator], Tensors]
     make_call: Callable[[Case, Tensors, torch.device], OpCall]
     written_mask: Callable[[Case], torch.Tensor]  # bool, shape of the output
+    # The golden reference: a kernel op's function (called with the op's arguments), or a wrapper
+    # op's method of conformance.reference.PunicaWrapperReference (called on a wrapper that holds
+    # the mapping, as ``reference(wrapper, *args)``).
+    reference: Callable
     output: str = "out"
     max_slices: int = 1
     rows_are_sampled: bool = False  # output rows are sampled rows (logits), not tokens
@@ -48,8 +57,10 @@ class OpSpec:
         unknown = self.knobs - KNOBS
         if unknown:
             raise ValueError(f"op {self.name}: unknown knobs {sorted(unknown)}")
-        if self.level not in ("kernel", "wrapper"):
-            raise ValueError(f"op {self.name}: level must be kernel or wrapper")
+        if self.level not in (Level.KERNEL, Level.WRAPPER):
+            raise ValueError(f"op {self.name}: an op case is at level kernel or wrapper, not {self.level}")
+        if not callable(self.reference):
+            raise ValueError(f"op {self.name}: its reference must be a function of conformance.reference")
 
 
 def row_mask(slots: tuple[int, ...]) -> torch.Tensor:

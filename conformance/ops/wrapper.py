@@ -10,9 +10,10 @@ import torch
 
 from conformance.cases.case import Case
 from conformance.cases.values import activations, bias_stack, lora_a_stack, lora_b_stack
-from conformance.reference import LoRAMapping
+from conformance.reference import LoRAMapping, PunicaWrapperReference
 
 from .kernel import expand_values, expand_written, shrink_values, shrink_written
+from .level import Level
 from .spec import OpCall, OpSpec, Tensors, rows_and_columns
 
 
@@ -119,8 +120,12 @@ def logits_written(case: Case) -> torch.Tensor:
 
 
 def _wrapper(name, summary, knobs, values, call, written, max_slices=1, rows_are_sampled=False) -> OpSpec:
+    """A wrapper op's spec; its reference is ``PunicaWrapperReference.<name>``."""
     knobs = frozenset(knobs | {"prefill"})
-    return OpSpec(name, "wrapper", summary, knobs, values, call, written, max_slices=max_slices, rows_are_sampled=rows_are_sampled)
+    return OpSpec(
+        name, Level.WRAPPER, summary, knobs, values, call, written, getattr(PunicaWrapperReference, name),
+        max_slices=max_slices, rows_are_sampled=rows_are_sampled,
+    )
 
 
 WRAPPER_OP_SPECS = (

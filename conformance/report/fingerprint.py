@@ -100,7 +100,7 @@ def device_description(device_type: str) -> dict[str, str]:
         if device_type == "hpu":
             return _hpu()
         return {"device": f"{device_type}: {_cpu_model()}", "driver": "n/a"}
-    except Exception as exc:  # a fingerprint must never fail the run it describes
+    except Exception as exc:  # noqa: BLE001 - a fingerprint must never fail the run it describes
         return {"device": f"{device_type}: unreadable ({type(exc).__name__}: {exc})", "driver": "unknown"}
 
 

@@ -22,6 +22,7 @@ from collections import Counter, defaultdict
 from html import escape
 from pathlib import Path
 
+from conformance.ops.level import LEVEL_ORDER
 from conformance.verdict import Outcome
 
 # Outcome → (css class, background colour). Order is the order of the legend and of a cell's badges.
@@ -34,7 +35,7 @@ OUTCOME_STYLE = {
     Outcome.UNEXPECTED_PASS.value: ("unexpected-pass", "#ad1457"),
 }
 REJECTED = (Outcome.FAIL.value, Outcome.BROKEN.value, Outcome.UNEXPECTED_PASS.value)
-LEVELS = ("kernel", "wrapper", "layer", "model")  # the design's order; other levels follow, sorted
+LEVELS = LEVEL_ORDER  # the design's order (conformance.ops.Level); other levels follow, sorted
 DTYPE_ORDER = ("float32", "float16", "bfloat16")
 
 CSS = """
@@ -71,7 +72,7 @@ def write_html_report(document: dict, path) -> Path:
 def render_html_report(document: dict) -> str:
     results = document.get("results") or []
     gate = document.get("gate") or {}
-    target = document.get("target", "?")
+    target = document.get("target_name") or document.get("target", "?")  # the target's own name, not module:Class
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -117,12 +118,14 @@ def _verdict(gate: dict) -> str:
 def _run(document: dict, results: list[dict]) -> str:
     counts = Counter(result["outcome"] for result in results)
     rows = [
-        ("target", document.get("target")),
+        ("target", document.get("target_name") or document.get("target")),
         ("profile", document.get("profile")),
         ("seed", document.get("seed")),
         ("suite version", document.get("suite_version")),
         ("expectations", document.get("expectations") or "none"),
     ]
+    if document.get("target_name") and document.get("target") != document["target_name"]:
+        rows.insert(1, ("target as requested", document.get("target")))
     if document.get("shard"):
         rows.append(("shard", document["shard"]))
     if document.get("merged_from"):

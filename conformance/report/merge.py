@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conformance.gate import gate_verdict, listed, summarize
-from conformance.journal import case_list_summary
+from conformance.gate import gate_verdict, listed
+from conformance.journal import build_document, case_list_summary
 
 SAME_FIELDS = ("suite_version", "target", "profile", "seed")
 
@@ -71,22 +71,9 @@ def merge_documents(documents: list[dict], sources: list[str] | None = None) -> 
                 duplicated.append(f"{result['id']} ({seen[1]} and {source})")
     results = sorted((result for result, _ in by_id.values()), key=lambda r: r["id"])
     covered = list(dict.fromkeys(case_id for document in documents for case_id in document["shard_cases"]))
-    covered_set = set(covered)
-    missing = [case_id for case_id in covered if case_id not in by_id]
-    extra = sorted(case_id for case_id in by_id if case_id not in covered_set)
-    gate = gate_verdict(results, 0, missing=missing, unexpected=extra)
-    extra_reasons = _input_gate_reasons(documents, sources) + _missing_shards(documents)
-    if duplicated:
-        extra_reasons.append(f"{len(duplicated)} case(s) have results in more than one input: {listed(duplicated)}")
     whole = first["case_list"]
-    if case_list_summary(covered) != whole and not _missing_shards(documents):
-        extra_reasons.append(
-            f"the inputs' shards hold {len(covered)} of the profile's {whole['count']} cases: merge every shard"
-        )
-    if extra_reasons:
-        gate = {**gate, "passed": False, "reasons": [*gate["reasons"], *extra_reasons]}
-    merged = {field: first.get(field) for field in SAME_FIELDS}
-    merged.update(
+    manifest = {field: first.get(field) for field in (*SAME_FIELDS, "target_name")}
+    manifest.update(
         replay=None,
         expectations=_joined(documents, "expectations"),
         python=_joined(documents, "python"),
@@ -95,23 +82,31 @@ def merge_documents(documents: list[dict], sources: list[str] | None = None) -> 
             {"source": source, "shard": document.get("shard"), "cases": len(document["results"])}
             for source, document in zip(sources, documents)
         ],
+        case_list=whole,
+        expected=covered,  # every case of every input's shard: what the merged verdict covers
+        shard_cases=covered,
     )
     environment = _environment(documents)
     if environment:
-        merged["environment"] = environment
+        manifest["environment"] = environment
     fingerprints = [
         {"source": source, "shard": document.get("shard"), "environment": document.get("environment") or {}}
         for source, document in zip(sources, documents)
     ]
     if len({json.dumps(f["environment"], sort_keys=True) for f in fingerprints}) > 1:
-        merged["environments"] = fingerprints  # machines differ: keep each one's whole fingerprint
-    merged["workers"] = [
-        {"source": source, **worker} for source, document in zip(sources, documents) for worker in document.get("workers") or []
-    ]
-    merged.update(
-        case_list=whole, expected=covered, missing=missing, unexpected=extra, duplicated=duplicated,
-        gate=gate, summary=summarize(results), results=results,
-    )
+        manifest["environments"] = fingerprints  # machines differ: keep each one's whole fingerprint
+    workers = [{"source": source, **worker} for source, document in zip(sources, documents) for worker in document.get("workers") or []]
+    # the same document a single run builds from its manifest and journals (missing, unexpected, gate)
+    merged = build_document(manifest, results, workers=workers)
+    extra_reasons = _input_gate_reasons(documents, sources) + _missing_shards(documents)
+    if duplicated:
+        extra_reasons.append(f"{len(duplicated)} case(s) have results in more than one input: {listed(duplicated)}")
+    if case_list_summary(covered) != whole and not _missing_shards(documents):
+        extra_reasons.append(f"the inputs' shards hold {len(covered)} of the profile's {whole['count']} cases: merge every shard")
+    gate = merged["gate"]
+    if extra_reasons:
+        merged["gate"] = {**gate, "passed": False, "reasons": [*gate["reasons"], *extra_reasons]}
+    merged["duplicated"] = duplicated
     return merged
 
 

@@ -28,20 +28,15 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from conformance.ops import Level, ops_at
+
 if TYPE_CHECKING:
     from conformance.cases import Case
 
-KERNEL_OPS = (
-    "bgmv_shrink",
-    "bgmv_expand",
-    "bgmv_expand_slice",
-    "sgmv_shrink",
-    "sgmv_expand",
-    "sgmv_expand_slice",
-    "lora_shrink",
-    "lora_expand",
-)
-WRAPPER_OPS = ("add_shrink", "add_expand", "add_lora_linear", "add_lora_embedding", "add_lora_logits")
+# The built-in ops of each level, derived from the op specs (conformance.ops); code that must also see
+# ops registered later asks conformance.ops.ops_at(level) instead.
+KERNEL_OPS = ops_at(Level.KERNEL)
+WRAPPER_OPS = ops_at(Level.WRAPPER)
 
 
 class TargetUnavailable(RuntimeError):
@@ -73,7 +68,8 @@ class Target:
         return torch.device("cpu")
 
     def implemented_ops(self) -> tuple[str, ...]:
-        return tuple(op for op in KERNEL_OPS + WRAPPER_OPS if callable(getattr(self, op, None)))
+        """The registered ops this target defines (an op set to None is not defined)."""
+        return tuple(op for op in ops_at(Level.KERNEL) + ops_at(Level.WRAPPER) if callable(getattr(self, op, None)))
 
     def unsupported_reason(self, case: Case) -> str | None:
         """``None`` when the target claims ``case``; otherwise why it does not."""

@@ -11,9 +11,11 @@ For every op (the kernel ops, then the wrapper ops) and every dtype the suite dr
   ``unsupported_reason`` refuses a small probe case, or the target cannot run here.
 
 Restrictions a target declares per case rather than per op show up as a note after the status when
-a probe case with one feature (LoRA bias, a decode batch, several slices, a float32 expand input,
-4-D weight stacks) is refused where the plain probe is not. Other per-case refusals show up only
-in a run.
+a probe case that turns one knob the op reads (``FEATURE_PROBES``: LoRA bias, a decode batch, several
+slices, a float32 expand input, an output offset, columns beyond the written slice, no add_inputs, a
+scale other than 1, an odd hidden size, 4-D weight stacks) is refused where the plain probe is not.
+Every knob of ``conformance.ops.spec.KNOBS`` has a probe (a test checks it), so a refusal that depends
+on one knob shows here; refusals that depend on combinations show only in a run.
 """
 
 from __future__ import annotations
@@ -22,19 +24,25 @@ import dataclasses
 from dataclasses import dataclass
 
 from conformance.cases.case import DTYPES, Case
-from conformance.ops import OP_SPECS, OpSpec
+from conformance.ops import OP_SPECS, Level, OpSpec, ops_at
 
-from .base import KERNEL_OPS, WRAPPER_OPS, Target, TargetUnavailable
+from .base import Target, TargetUnavailable
 from .kernel_target import COMPOSED_OF, KERNELS_NEEDED, KernelTarget
 from .registry import known_targets, resolve
 
-# Case features probed one at a time: (what, applies to the op, the fields changed).
+# Case features probed one at a time: (what, the knob it turns, the fields changed). The probe applies
+# to the ops that read the knob (None: to every op).
 FEATURE_PROBES = (
-    ("LoRA bias", lambda spec: "bias" in spec.knobs, {"bias": True}),
-    ("a decode batch", lambda spec: "prefill" in spec.knobs, {"is_prefill": False}),
-    ("several slices", lambda spec: spec.max_slices > 1, {"output_slices": (16, 16, 16), "output_width": 48}),
-    ("a float32 expand input", lambda spec: "expand_input" in spec.knobs, {"expand_input_dtype": "float32"}),
-    ("4-D weight stacks", lambda spec: True, {"weights_4d": True}),
+    ("LoRA bias", "bias", {"bias": True}),
+    ("a decode batch", "prefill", {"is_prefill": False}),
+    ("several slices", "slices", {"output_slices": (16, 16, 16), "output_width": 48}),
+    ("a float32 expand input", "expand_input", {"expand_input_dtype": "float32"}),
+    ("an output offset", "offset", {"offset_start": 8, "output_width": 24}),
+    ("columns beyond the written slice", "wide", {"output_width": 24}),
+    ("add_inputs=False", "add_inputs", {"add_inputs": False}),
+    ("a scale other than 1", "scale", {"scale": 0.5}),
+    ("an odd hidden size", "hidden", {"hidden_size": 17}),
+    ("4-D weight stacks", None, {"weights_4d": True}),
 )
 
 
@@ -87,7 +95,7 @@ def describe_class(cls: type[Target], name: str | None = None, reference: str | 
         reason = ""
     statuses = tuple(
         _status(target, op, dtype, reason)
-        for op in KERNEL_OPS + WRAPPER_OPS
+        for op in ops_at(Level.KERNEL) + ops_at(Level.WRAPPER)
         for dtype in DTYPES
     )
     return TargetDescription(
@@ -103,7 +111,7 @@ def describe_class(cls: type[Target], name: str | None = None, reference: str | 
 
 
 def _status(target: Target, op: str, dtype: str, unavailable: str) -> OpStatus:
-    level = "kernel" if op in KERNEL_OPS else "wrapper"
+    level = OP_SPECS[op].level.value
     definition, defined = _definition(target, op)
     if unavailable:
         return OpStatus(op, level, dtype, False, f"not supported: {target.name} cannot run here (see above); as defined: {definition}")
@@ -123,10 +131,10 @@ def _status(target: Target, op: str, dtype: str, unavailable: str) -> OpStatus:
 def _definition(target: Target, op: str) -> tuple[str, bool]:
     """What the target's class makes of ``op`` and whether that is an implementation."""
     if op in target.implemented_ops():
-        if isinstance(target, KernelTarget) and op in WRAPPER_OPS and not target.overrides(op):
+        if isinstance(target, KernelTarget) and OP_SPECS[op].level == Level.WRAPPER and not target.overrides(op):
             return _derivation(target, op), True
         return "implemented", True
-    if isinstance(target, KernelTarget) and op in WRAPPER_OPS:
+    if isinstance(target, KernelTarget) and OP_SPECS[op].level == Level.WRAPPER:
         return _why_not_derived(target, op), False
     return f"{target.name} does not define {op}", False
 
@@ -164,8 +172,9 @@ def _refusal(target: Target, case: Case) -> str | None:
 
 def _feature_notes(target: Target, spec: OpSpec, op: str, dtype: str) -> list[str]:
     notes = []
-    for what, applies, changes in FEATURE_PROBES:
-        if applies(spec):
+    for what, knob, changes in FEATURE_PROBES:
+        reads = spec.max_slices > 1 if knob == "slices" else knob is None or knob in spec.knobs
+        if reads:
             refused = _refusal(target, probe_case(op, dtype, **changes))
             if refused:
                 notes.append(f"cases with {what} not supported: {refused}")
@@ -186,7 +195,7 @@ def render(description: TargetDescription) -> str:
             f"compositions tried in order: {', '.join(d.wrapper_paths)}"
         )
     lines.append("")
-    op_width = max(len(op) for op in KERNEL_OPS + WRAPPER_OPS)
+    op_width = max(len(op) for op in OP_SPECS)
     dtype_width = max(len(dtype) for dtype in DTYPES)
     lines.append(f"{'op':{op_width}}  {'level':7}  {'dtype':{dtype_width}}  status")
     for s in d.statuses:

@@ -50,9 +50,10 @@ from typing import ClassVar
 
 import torch
 
+from conformance.ops import Level, ops_at
 from conformance.reference import LoRAKernelMeta, LoRAMapping, SegmentMetadata
 
-from .base import KERNEL_OPS, WRAPPER_OPS, Target
+from .base import Target
 
 KERNELS_NEEDED: dict[str, dict[str, tuple[str, ...]]] = {
     "lora": {
@@ -95,7 +96,7 @@ class KernelTarget(Target):
 
     def kernel_ops(self) -> tuple[str, ...]:
         """The kernel ops this target defines."""
-        return tuple(op for op in KERNEL_OPS if callable(getattr(self, op, None)))
+        return tuple(op for op in ops_at(Level.KERNEL) if callable(getattr(self, op, None)))
 
     def overrides(self, op: str) -> bool:
         """Whether the subclass (or the instance) defines wrapper method ``op`` itself."""
@@ -119,7 +120,7 @@ class KernelTarget(Target):
         return self.wrapper_path(op) is not None
 
     def implemented_ops(self) -> tuple[str, ...]:
-        return self.kernel_ops() + tuple(op for op in WRAPPER_OPS if self.wrapper_implemented(op))
+        return self.kernel_ops() + tuple(op for op in ops_at(Level.WRAPPER) if self.wrapper_implemented(op))
 
     def derived_from(self, op: str) -> tuple[str, ...]:
         """The kernel ops the derived wrapper method ``op`` calls (through its parts for ``add_lora_linear``);

@@ -36,9 +36,11 @@ class VllmCpuTarget(VllmWrapperMethods, Target):
             setattr(self, op, getattr(ops, op))
 
     def unsupported_reason(self, case) -> str | None:
+        if (reason := super().unsupported_reason(case)) is not None:  # the base's reasons first
+            return reason
         if case.bias and not self.supports_bias():
             return "the installed vLLM has no LoRA bias (lora_bias_stacked)"
-        return super().unsupported_reason(case)
+        return None
 
     def update_metadata(self, mapping: LoRAMapping) -> None:
         tokens = max(len(mapping.token_slots), len(mapping.sampled_slots), 1)

@@ -78,7 +78,7 @@ def cuda_unavailable_reason() -> str | None:
 def _import(name: str, package: str, hint: str) -> Any:
     try:
         return importlib.import_module(name)
-    except Exception as exc:  # noqa: BLE001 - a broken install fails in many ways; all mean "unavailable"
+    except Exception as exc:
         raise TargetUnavailable(
             f"target {TARGET!r} needs {package} ({name} failed to import: {_one_line(exc)}); install it, e.g. {hint}"
         ) from exc
@@ -368,6 +368,8 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
         self._wrappers: dict[tuple[int, int], Any] = {}
 
     def unsupported_reason(self, case) -> str | None:
+        if case.op not in self.implemented_ops():  # the base's reason first: the op is missing altogether
+            return super().unsupported_reason(case)
         if case.bias and not self.supports_bias():
             return "the installed vLLM's PunicaWrapperGPU has no LoRA bias (lora_bias_stacked)"
         if case.torch_dtype not in self.dtypes:

@@ -2,7 +2,7 @@
 
 Gaudi runs LoRA as dense, mask-based BGMV: every adapter's product at once, the row's own adapter
 kept by a mask, all shapes static so one compiled graph per bucket serves every adapter mix
-(shared/notes/hpu-lora.md). This package implements that, runnable on Gaudi and on the CPU, with the
+(docs/gaudi-lora.md). This package implements that, runnable on Gaudi and on the CPU, with the
 deliberate differences documented in ``mask_math`` (``where`` instead of multiplying by the mask;
 vLLM's rounding points) and the mask passed explicitly instead of through a global. See docs/hpu.md.
 

@@ -2,7 +2,7 @@
 
 On Gaudi every new input shape is a new graph compilation (seconds), so vLLM's HPU runners pad the
 batch size and sequence length up to *buckets* and warm each bucket up once
-(shared/notes/hpu-lora.md §3.3, §4). The LoRA ops then see only bucket-sized tensors: padded rows get
+(docs/gaudi-lora.md §3.3, §4). The LoRA ops then see only bucket-sized tensors: padded rows get
 slot −1, so they carry no adapter and their results are thrown away.
 
 A :class:`BucketPolicy` maps a row count to its bucket:

@@ -2,7 +2,7 @@
 
 The implementation (``engine``, ``wrapper``, ``kernels``) is device-agnostic PyTorch. What differs
 between Gaudi and the CPU emulation is concentrated here, in the style of vLLM's "fake HPU"
-(shared/notes/hpu-lora.md §4):
+(docs/gaudi-lora.md §4):
 
 =====================  ==========================================  ==============================
 hook                   Gaudi (:class:`HpuDeviceLayer`)             CPU (:class:`CpuDeviceLayer`)
@@ -165,7 +165,7 @@ def _load(mode: str | None, target: str) -> HpuRuntime:
     try:
         htorch = importlib.import_module("habana_frameworks.torch")
         htcore = importlib.import_module("habana_frameworks.torch.core")
-    except Exception as exc:  # noqa: BLE001 - a broken bridge fails in many ways; all mean "unavailable"
+    except Exception as exc:
         raise TargetUnavailable(
             f"target {target!r} needs {BRIDGE}, but habana_frameworks.torch failed to import: {_one_line(exc)}"
         ) from exc
@@ -212,7 +212,7 @@ def _probe_placement(runtime: HpuRuntime, target: str) -> None:
         result = writeback.merge(torch.zeros(4, 4, device=device, dtype=dtype), masked + gathered, rows.row_active, True)
         if runtime.lazy:
             runtime.htcore.mark_step()
-    except Exception as exc:  # noqa: BLE001 - with CPU fallback refused, an unsupported op raises here
+    except Exception as exc:
         raise TargetUnavailable(f"target {target!r}: a probe op failed on the Gaudi device: {_one_line(exc)}") from exc
     if result.device.type != device.type:
         raise TargetUnavailable(f"target {target!r}: a probe op ran on {result.device}, not on the Gaudi device")

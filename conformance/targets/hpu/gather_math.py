@@ -1,7 +1,7 @@
 """The gather-based LoRA math: each row's adapter weights copied out with ``index_select``, then a batched GEMM.
 
 This is the first HPU LoRA (HabanaAI/vllm-fork#170, PyPI ``vllm-hpu-extension==0.1``;
-shared/notes/hpu-lora.md §1.6): ``wa = index_select(wa_t_all, 0, indices)`` gives ``[T, R, H]`` and a
+docs/gaudi-lora.md §1.6): ``wa = index_select(wa_t_all, 0, indices)`` gives ``[T, R, H]`` and a
 batched matmul does the rest. Gaudi replaced it with the mask-based math "to optimize performance and
 reduce device memory usage": it moves ``T·R·(H + N)`` weight elements per call, and the gather is a
 data-dependent index op. Shapes stay static (``[T, R, H]`` for a bucket of ``T`` rows), so it compiles

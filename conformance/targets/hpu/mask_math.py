@@ -1,6 +1,6 @@
 """The mask-based LoRA math: every adapter at once, two dense GEMMs, the row's own block kept by a mask.
 
-This is Gaudi's BGMV (``dispatch_bgmv_linear``, shared/notes/hpu-lora.md §1.2, §1.6)::
+This is Gaudi's BGMV (``dispatch_bgmv_linear``, docs/gaudi-lora.md §1.2, §1.6)::
 
     y += ((x @ A_flat.T) ⊙ M) @ B_flat          A_flat [L·R, H], B_flat [L·R, N], M [T, L·R]
 
@@ -12,7 +12,7 @@ Two deliberate departures from Gaudi's code:
 
 * **``torch.where``, not multiplication, applies the mask**, both to the shrunk activations and to the
   LoRA-B rows of slots no row uses. ``0 · Inf = NaN``: with a multiply, an Inf or NaN in an *unused*
-  slot's weights leaks NaN into every row (hazard 5, shared/notes/hpu-lora.md §3.4). ``where`` selects,
+  slot's weights leaks NaN into every row (hazard 5, docs/gaudi-lora.md §3.4). ``where`` selects,
   so an unselected Inf never reaches an arithmetic op. (A non-finite value in a slot that *some* row
   uses still meets zeros of other rows inside the expand GEMM; a dense GEMM cannot avoid that.)
 * **Rounding where vLLM's kernels round**: products accumulate in float32 (operands are upcast; the

@@ -6,7 +6,7 @@ row, living on the device. From it, with no Python loop over rows and no data-de
 * ``row_active`` ``[T]``: the row uses an adapter (slot ≠ −1);
 * ``mask(L, R)`` ``[T, L·R]``: column ``j`` belongs to slot ``j // R``; a row keeps only its own slot's
   block: ``(arange(L·R) // R)[None] == slot[:, None]``. A row of slot −1 (no adapter, or padding)
-  is all False. This is Gaudi's ``lora_mask`` (shared/notes/hpu-lora.md §3.1), built on the device
+  is all False. This is Gaudi's ``lora_mask`` (docs/gaudi-lora.md §3.1), built on the device
   from the slot vector instead of on the host, and handed to the math explicitly, not via a global;
 * ``onehot(L)`` ``[T, L]``: the same at slot granularity (LoRA bias rows);
 * ``gather_index`` ``[T]``: the slot clamped to ≥ 0 (the gather-based variant; −1 rows are masked out).

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 # as_3d and accumulation_dtype repeat two small helpers of conformance.reference on purpose: the
 # implementation under test shares no code with the oracle that judges it.
 

@@ -5,7 +5,7 @@ vllm-gaudi (github.com/vllm-project/vllm-gaudi, not on PyPI) runs LoRA with
 for the matmuls and reads a process-global mask, ``vllm_gaudi.extension.ops.LoraMask``, that the
 model runner sets per step: ``[T, L·R]`` in the LoRA dtype, 1 in the row's slot block
 (``create_lora_mask``), and a separate one with one row per sampled row before the logits
-(shared/notes/hpu-lora.md §2, §3). This target stands in for the runner: before every call it builds
+(docs/gaudi-lora.md §2, §3). This target stands in for the runner: before every call it builds
 that mask from the suite's mapping and sets it, then calls the plugin's method unchanged. Older stacks
 (the in-tree ``vllm.lora.punica_wrapper.punica_hpu`` with ``vllm_hpu_extension.ops.LoraMask``) are
 tried too; the wrapper API variants (``lora_bias_stacked`` as a positional argument) are adapted.
@@ -99,9 +99,11 @@ class VllmHpuTarget(Target):
         self.mapping: LoRAMapping | None = None
 
     def unsupported_reason(self, case) -> str | None:
+        if (reason := super().unsupported_reason(case)) is not None:  # the base's reasons first
+            return reason
         if case.bias:
             return "vllm-gaudi has no LoRA bias (its HPU model runner asserts not lora_config.bias_enabled)"
-        return super().unsupported_reason(case)
+        return None
 
     def synchronize(self) -> None:
         self.layer.synchronize()

@@ -3,7 +3,7 @@
 ``make_vllm_punica_wrapper_class()`` builds (and caches) a class deriving from the *installed* vLLM's
 ``vllm.lora.punica_wrapper.punica_base.PunicaWrapperBase``, so vLLM is imported only when it is called.
 The class keeps the base's ``update_metadata`` (vLLM's index buffers still feed the embedding A-lookup
-and the extra-vocab logits, shared/notes/hpu-lora.md §2), then builds this implementation's row state
+and the extra-vocab logits, docs/gaudi-lora.md §2), then builds this implementation's row state
 from the base's ``token_lora_indices`` and ``sampler_indices`` on the device: no host loop, no global
 mask. Its ``add_*`` methods are :class:`wrapper.HpuPunicaWrapper`'s.
 

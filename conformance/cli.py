@@ -1,0 +1,40 @@
+"""``lora-conformance``: the suite's console script, one entry to the commands of its modules.
+
+    lora-conformance run --target=NAME [pytest options…]   the conformance run (pytest --pyargs conformance …)
+    lora-conformance targets list                           which targets can run here
+    lora-conformance targets describe NAME                  what one target implements, op × dtype
+    lora-conformance report html|merge|allure …             reports, merges (python -m conformance.report)
+
+``run`` is ``pytest --pyargs conformance`` with the given options: it works from any directory of an
+environment where the suite is installed, and its exit code is the gate's.
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = __doc__.split("\n\n")[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command, rest = (argv[0], argv[1:]) if argv else ("", [])
+    if command == "run":
+        import pytest
+
+        return int(pytest.main(["--pyargs", "conformance", *rest]))
+    if command == "targets":
+        from conformance.targets.__main__ import main as targets_main
+
+        return targets_main(rest)
+    if command == "report":
+        from conformance.report.__main__ import main as report_main
+
+        return report_main(rest)
+    stream = sys.stdout if command in ("-h", "--help") else sys.stderr
+    print(f"usage:\n{USAGE}", file=stream)
+    return 0 if stream is sys.stdout else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
