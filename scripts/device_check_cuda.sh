@@ -18,7 +18,7 @@ nvidia-smi -L  # no GPU or driver: stop here
 "$VENV/bin/pip" install -e .
 "$VENV/bin/python" -c 'import torch, vllm, triton; print("torch", torch.__version__, "CUDA", torch.version.cuda, "|", torch.cuda.get_device_name(), "| vllm", vllm.__version__, "| triton", triton.__version__)'
 "$VENV/bin/python" -c 'from conformance.targets import load; print("target:", load("cuda").description)'
-"$VENV/bin/pytest" tests/test_target_cuda.py -rs  # on a GPU: the smoke lora_*/add_* cases, none BROKEN
+"$VENV/bin/pytest" tests/targets/test_target_cuda.py -rs  # on a GPU: the smoke lora_*/add_* cases, none BROKEN
 "$VENV/bin/pytest" conformance --target=cuda --profile=smoke "$@"
 # End to end on the GPU: vLLM's LLM(enable_lora=True) with the fixture model and adapters, all 30 cases.
 "$VENV/bin/pytest" conformance --target=cuda -m e2e --report-dir=reports/cuda-e2e

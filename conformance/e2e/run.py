@@ -1,7 +1,7 @@
 """Running one end-to-end case on one target and judging it, like ``conformance.runner`` for op cases.
 
 The reference is the suite's decoder on the golden reference target in float64 (itself checked against
-transformers + PEFT in tests/test_e2e_oracle.py). A target runs either the suite's decoder through its
+transformers + PEFT in tests/e2e/test_e2e_oracle.py). A target runs either the suite's decoder through its
 wrapper methods (``generation_engine = "decoder"``) or the installed vLLM engine on its device
 (``generation_engine = "vllm"``: the ``cpu``, ``cuda`` and ``vllm-hpu`` targets).
 """

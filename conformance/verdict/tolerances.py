@@ -26,7 +26,7 @@ Why these numbers (measured with a correct target that sums in another order, th
 * rtol is an absolute cap: the loosest relative error a LoRA delta may carry. For bfloat16 it binds
   before the k rule in about a third of correct cases; nothing correct comes near it.
 
-tests/test_verdict_calibration.py keeps the correct target below 0.75 of the budget on four seeds.
+tests/verdict/test_verdict_calibration.py keeps the correct target below 0.75 of the budget on four seeds.
 """
 
 from __future__ import annotations

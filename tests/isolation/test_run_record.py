@@ -90,7 +90,7 @@ class TestWorkerProcess:
         assert main_thread_frames("main thread 0x1\n") == ""
 
     def test_a_crash_costs_one_case_and_the_next_case_runs_in_a_new_worker(self, monkeypatch):
-        monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+        monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[1]))
         cases = dict(profile_cases("smoke", 0))
         linear = next(i for i, c in cases.items() if c.op == "add_lora_linear" and c.dtype == "float32")
         shrink = next(i for i, c in cases.items() if c.op == "bgmv_shrink" and c.dtype == "float32")

@@ -17,7 +17,7 @@ from conformance.gate import gate_verdict, summarize
 from conformance.journal import case_list_summary
 from conformance.report import MergeError, merge_documents, write_html_report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FILTER = ("-k", "bgmv_shrink or bgmv_expand")  # about 100 smoke cases, a few seconds
 
 

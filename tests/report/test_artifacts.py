@@ -28,8 +28,8 @@ from test_report import parse
 from conformance.report.allure_results import CATEGORIES, SEVERITY_BY_LEVEL
 from conformance.report.fingerprint import NOT_A_CHECKOUT
 
-ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]  # the test targets live in tests/
 FAULTY = ("--target=fault_targets:ScaleAppliedTwice", "--profile=smoke", "-k", "bgmv_shrink or add_shrink")
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

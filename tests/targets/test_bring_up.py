@@ -32,7 +32,7 @@ from conformance.targets.describe import describe_class
 from conformance.targets.kernel_target import KernelTarget
 from conformance.verdict import Outcome
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "plain-lora-backend"
 ALL_OPS = KERNEL_OPS + WRAPPER_OPS
 DTYPES = ("float16", "bfloat16", "float32")

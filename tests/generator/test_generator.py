@@ -28,7 +28,7 @@ from conformance.generator import FAMILIES, PROFILES, cases, draw_examples, fami
 from conformance.ops import OP_SPECS
 from conformance.ops.kernel import shrink_written
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -59,3 +59,13 @@ def test_a_lost_last_slot_fails_the_adapter_in_it():
 def test_other_lora_bugs_fail_end_to_end(fault):
     results = outcomes(fault())
     assert any(r.outcome in (Outcome.FAIL, Outcome.BROKEN) for r in results.values()), fault.__name__
+
+
+def test_not_implemented_is_not_supported_end_to_end_as_for_op_cases():
+    class NoLogitsYet(PlainTorchTarget):
+        def add_lora_logits(self, *args, **kwargs):
+            raise NotImplementedError("LoRA on the logits head is not ported yet")
+
+    case = SMOKE[0]
+    result = E2ERunner(NoLogitsYet()).run(case)
+    assert result.outcome is Outcome.NOT_SUPPORTED and "not ported yet" in result.message

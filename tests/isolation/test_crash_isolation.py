@@ -22,7 +22,7 @@ import pytest
 
 from conformance.generator import profile_cases
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CASE_TIMEOUT = "4"  # seconds: a correct case of this selection takes well under one
 
 # target name → (outcome, kind, words the message must hold)

@@ -1,0 +1,42 @@
+"""``describe`` probes every knob a case varies, so a refusal that depends on one knob shows before a run."""
+
+from __future__ import annotations
+
+from conformance.ops import KNOBS
+from conformance.targets.describe import FEATURE_PROBES, describe_class
+from conformance.targets.hpu.targets import HpuEmulatedTarget
+
+
+def test_every_knob_a_case_varies_has_a_probe():
+    probed = {knob for _, knob, _ in FEATURE_PROBES if knob is not None}
+    assert probed == set(KNOBS), f"knobs without a describe probe: {sorted(set(KNOBS) - probed)}"
+
+
+class RefusesWhatItDoesNotDo(HpuEmulatedTarget):
+    """A backend that has no add_inputs=False path, no offset and no scale other than 1 yet."""
+
+    name = "refuses-some-knobs"
+
+    def unsupported_reason(self, case):
+        if (reason := super().unsupported_reason(case)) is not None:
+            return reason
+        if not case.add_inputs:
+            return "no overwrite path yet"
+        if case.offset_start:
+            return "no column offset yet"
+        if case.scale != 1.0:
+            return "scale is applied by the caller"
+        if case.dtype == "float32" and case.hidden_size % 2:
+            return "odd hidden sizes need a tail loop"
+        return None
+
+
+def test_a_refusal_of_one_knob_is_a_note_on_the_ops_that_read_it():
+    statuses = {(s.op, s.dtype): s for s in describe_class(RefusesWhatItDoesNotDo).statuses}
+    expand = statuses["bgmv_expand_slice", "float16"]
+    assert expand.supported and "add_inputs=False not supported: no overwrite path yet" in expand.status
+    assert "an output offset not supported: no column offset yet" in expand.status
+    shrink = statuses["bgmv_shrink", "float32"]
+    assert "a scale other than 1 not supported" in shrink.status and "an odd hidden size not supported" in shrink.status
+    assert "an output offset" not in shrink.status  # shrink does not read the offset: no note
+    assert "odd hidden" not in statuses["bgmv_shrink", "float16"].status
