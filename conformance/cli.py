@@ -1,8 +1,8 @@
 """``lora-conformance``: the suite's console script, one entry to the commands of its modules.
 
     lora-conformance run --target=NAME [pytest options…]   the conformance run (pytest --pyargs conformance …)
-    lora-conformance targets list                           which targets can run here
-    lora-conformance targets describe NAME                  what one target implements, op × dtype
+    lora-conformance targets [list]                         which targets can run here
+    lora-conformance describe NAME                          what one target implements, op × dtype
     lora-conformance report html|merge|allure …             reports, merges (python -m conformance.report)
 
 ``run`` is ``pytest --pyargs conformance`` with the given options: it works from any directory of an
@@ -23,10 +23,12 @@ def main(argv: list[str] | None = None) -> int:
         import pytest
 
         return int(pytest.main(["--pyargs", "conformance", *rest]))
-    if command == "targets":
+    if command in ("targets", "describe"):
         from conformance.targets.__main__ import main as targets_main
 
-        return targets_main(rest)
+        if command == "describe":
+            return targets_main(["describe", *rest])
+        return targets_main(rest or ["list"])
     if command == "report":
         from conformance.report.__main__ import main as report_main
 

@@ -168,3 +168,15 @@ def test_the_emulated_hpu_target_passes_the_smoke_gate(tmp_path):
     assert completed.returncode == 0, completed.stdout[-3000:]
     gate = results(tmp_path)["gate"]
     assert gate["passed"] and gate["counts"]["not supported"] == 0 and gate["counts"]["known failure"] == 0
+
+
+def test_the_console_script_lists_describes_and_reports(tmp_path):
+    script = Path(sys.executable).parent / "lora-conformance"
+    listed = subprocess.run([script, "targets"], capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and any(line.startswith("hpu-emulated") and "usable" in line for line in listed.stdout.splitlines())
+    described = subprocess.run([script, "describe", "reference"], capture_output=True, text=True, timeout=120)
+    assert described.returncode == 0 and "add_lora_linear" in described.stdout
+    missing = subprocess.run([script, "report", "html", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "run.json does not exist" in missing.stderr
+    unknown = subprocess.run([script, "frobnicate"], capture_output=True, text=True, timeout=120)
+    assert unknown.returncode == 2 and "usage" in unknown.stderr
