@@ -10,6 +10,10 @@ of it)::
         result = run_case(target, case, case_id)
         print(case_id, result.outcome.value, result.message)
 
+    from conformance import ConformanceRun, RunSettings    # a whole run, with its report, no pytest
+
+    document = ConformanceRun(RunSettings(target="cpu", profile="smoke")).run_all()
+
 Names are imported on first use, so ``import conformance.reference`` stays light.
 """
 
@@ -20,6 +24,9 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "ConformanceRun": "conformance.session",
+    "RunSettings": "conformance.session",
+    "FailureKind": "conformance.verdict.failure_kind",
     "Case": "conformance.cases.case",
     "case_features": "conformance.cases.features",
     "LoRAMapping": "conformance.reference.mapping",
@@ -42,11 +49,14 @@ __all__ = [  # every lazily exported name (_EXPORTS), listed for tools that read
     "__version__",
     "Case",
     "CaseResult",
+    "ConformanceRun",
+    "FailureKind",
     "LoRAMapping",
     "OP_SPECS",
     "Outcome",
     "PROFILES",
     "PunicaWrapperReference",
+    "RunSettings",
     "Target",
     "TargetUnavailable",
     "case_features",

@@ -154,6 +154,16 @@ def conformance_requested(config: pytest.Config) -> bool:
     return False
 
 
+def _target_before_the_run(settings: RunSettings) -> str | None:
+    """The target name ``--devices`` needs before the run loads anything (a resumed run's own)."""
+    if settings.target or not settings.resume:
+        return settings.target
+    try:
+        return journal.read_manifest(Path(settings.resume))["target"]
+    except ValueError:
+        return None  # ConformanceRun says what is wrong with the directory
+
+
 def _run_of(config: pytest.Config) -> ConformanceRun | None:
     return config.stash.get(_RUN_KEY, None)
 
@@ -172,7 +182,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # (the suite's own tests) inherits that variable in its controller
     worker = config.workerinput["workerid"] if hasattr(config, "workerinput") else "main"
     try:
-        target_name = settings.target or (settings.resume and journal.read_manifest(Path(settings.resume))["target"])
+        target_name = _target_before_the_run(settings)
         assignment = assign_device(config, target_name) if target_name else None  # before any runtime loads
         run = ConformanceRun(settings, worker=worker, runs_cases=_runs_cases(config), device_assignment=assignment)
     except (RunError, ValueError) as exc:

@@ -277,3 +277,10 @@ class TestRegistry:
             resolve("conformance.runner:run_case")
         with pytest.raises(TargetError, match="cannot import"):
             resolve("no_such_package.module:Thing")
+
+
+def test_the_public_surface_lists_every_export_and_each_resolves():
+    import conformance
+
+    assert sorted(conformance.__all__) == sorted(["__version__", *conformance._EXPORTS])
+    assert all(getattr(conformance, name) is not None for name in conformance.__all__)
