@@ -116,3 +116,12 @@ MISBEHAVING = {
     cls.name: cls
     for cls in (Aborts, ExitsTheProcess, KillsItself, LoopsForever, BlocksForever, RaisesDeviceError, ReturnsANewTensor)
 }
+
+
+class AbortsWhileLoading(HpuEmulatedTarget):
+    """Its runtime aborts while the target is constructed (a device that fails to initialise)."""
+
+    name = "aborts-while-loading"
+
+    def __init__(self) -> None:
+        os.abort()

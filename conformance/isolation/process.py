@@ -50,7 +50,12 @@ SHOWN_FRAMES = 4
 
 
 class TargetLoadError(RuntimeError):
-    """The worker process could not load the target (its constructor raised); every case reports it."""
+    """The worker process could not load the target (its constructor raised, or loading crashed or hung);
+    every case from then on reports it, with the kind of the first failure."""
+
+    def __init__(self, message: str, kind: FailureKind = FailureKind.RAISED) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class Breakdown(Exception):
@@ -181,7 +186,7 @@ class IsolatedExecutor:
         except OSError:
             return ""
 
-    def _receive(self, timeout: float | None, doing: str):
+    def _receive(self, timeout: float | None, doing: str, limit: str = "--case-timeout"):
         if not self._replies.poll(timeout):
             try:
                 os.kill(self._process.pid, STACK_DUMP_SIGNAL)
@@ -194,13 +199,17 @@ class IsolatedExecutor:
             self._stop()
             raise Breakdown(
                 FailureKind.TIMED_OUT,
-                f"did not finish within {timeout:g} s while {doing} (--case-timeout); the worker process was "
+                f"did not finish within {timeout:g} s while {doing} ({limit}); the worker process was "
                 f"killed and the run went on with a new one" + (f"; it was at {where}" if where else ""),
             )
         try:
             data = self._replies.recv_bytes()
         except (EOFError, OSError):
-            returncode = self._process.wait()
+            try:
+                returncode = self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # it closed its end of the pipe but lives on: end it
+                self._process.kill()
+                returncode = self._process.wait()
             where = self._stacks()
             self._stop()
             raise Breakdown(
@@ -216,7 +225,15 @@ class IsolatedExecutor:
         for attempt in (1, 2):
             self.start()
             if not self._ready:
-                kind, value = self._receive(max(START_TIMEOUT, timeout or 0), f"loading the target for {doing}")
+                try:
+                    kind, value = self._receive(
+                        max(START_TIMEOUT, timeout or 0), f"loading the target for {doing}", "the worker's start-up limit"
+                    )
+                except Breakdown as exc:
+                    # A target that crashes or hangs while it loads would do so for every case: say so once
+                    # per case from now on instead of starting (and waiting for) a new worker each time.
+                    self._load_error = TargetLoadError(f"the target could not be loaded in a worker process ({exc.message})", exc.kind)
+                    raise
                 if kind == "raise":
                     self._stop()
                     self._load_error = TargetLoadError(
@@ -247,7 +264,7 @@ class IsolatedExecutor:
         except Breakdown as exc:
             return broken_result(case_id, case, exc.kind, exc.message, time.perf_counter() - started)
         except TargetLoadError as exc:
-            return broken_result(case_id, case, FailureKind.RAISED, str(exc))
+            return broken_result(case_id, case, exc.kind, str(exc))
 
     def run_op(self, case_id: str, case: Case, values: Tensors | None) -> CaseResult:
         return self._run("run_op", case_id, case, (case_id, case, values))

@@ -105,6 +105,19 @@ class TestWorkerProcess:
         finally:
             executor.close()
 
+    def test_a_target_that_crashes_while_loading_is_started_once_not_once_per_case(self, monkeypatch):
+        monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+        cases = profile_cases("smoke", 0)[:3]
+        executor = IsolatedExecutor("misbehaving_targets:AbortsWhileLoading", case_timeout=60)
+        try:
+            results = [executor.run_op(case_id, case, None) for case_id, case in cases]
+        finally:
+            executor.close()
+        assert all(r.outcome is Outcome.BROKEN and r.kinds == (FailureKind.CRASHED,) for r in results)
+        assert "SIGABRT" in results[0].message and "while loading the target" in results[0].message
+        assert all("could not be loaded in a worker process" in r.message for r in results[1:])
+        assert executor.restarts == 0  # one worker started, none after it
+
     def test_a_target_that_cannot_load_breaks_every_case_with_the_reason(self, monkeypatch):
         monkeypatch.setenv("LORA_CONFORMANCE_HPU_BUCKETS", "not-a-policy")
         case_id, case = profile_cases("smoke", 0)[0]
