@@ -146,3 +146,16 @@ def test_resume_refuses_a_directory_without_a_run_and_options_that_contradict_it
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert nothing_left.returncode == 0 and "verdict: PASS" in nothing_left.stdout, nothing_left.stdout[-2000:]
+
+
+def test_without_isolation_a_dead_xdist_worker_still_leaves_its_case_recorded(tmp_path):
+    """``--isolation=none``: the pytest worker itself dies; xdist replaces it and the controller records the case."""
+    linear, shrink = selection()
+    completed = conformance(target("aborts"), "--isolation=none", "-n", "2", *nodeids(linear[:1] + shrink[:2]), report_dir=tmp_path)
+    assert completed.returncode == 1, completed.stdout[-3000:]
+    document = json.loads((tmp_path / "results.json").read_text())
+    by_id = {r["id"]: r for r in document["results"]}
+    assert document["missing"] == [] and sorted(by_id) == sorted(linear[:1] + shrink[:2])
+    crashed = by_id[linear[0]]
+    assert (crashed["outcome"], crashed["kind"], crashed["worker"]) == ("broken", "crashed", "main")
+    assert "pytest worker" in crashed["message"] and all(by_id[i]["outcome"] == "pass" for i in shrink[:2])
