@@ -86,10 +86,9 @@ class ConformanceRun:
     def __init__(
         self, settings: RunSettings, *, worker: str = "main", runs_cases: bool = True, device_assignment: dict | None = None
     ) -> None:
-        option = settings
         self.controller = worker == "main"
-        self.resume_manifest = self._resume(option)
-        self.replay = option.replay
+        self.resume_manifest = self._resume(settings)
+        self.replay = settings.replay
         self.replay_document: dict | None = None
         self.replay_entry = None
         if self.replay:
@@ -100,7 +99,7 @@ class ConformanceRun:
                 raise RunError(str(exc)) from None
             self.replay_entry = (case_id, case, values)
             self.replay_document = document
-        self.target_name = option.target or (self.replay_document or {}).get("target")
+        self.target_name = settings.target or (self.replay_document or {}).get("target")
         if not self.target_name:
             raise RunError(
                 f"--target is required; known targets: {', '.join(sorted(known_targets()))} (or package.module:Class)"
@@ -113,20 +112,20 @@ class ConformanceRun:
             self.target_class.check_available()
         except (TargetError, TargetUnavailable) as exc:
             raise RunError(str(exc).splitlines()[0]) from None
-        self.profile = option.profile or DEFAULT_PROFILE
-        self.shrink = option.shrink
-        self.seed = option.seed or 0
-        self.shard = self._shard(option.shard)
-        self.report_dir = Path(option.report_dir or Path("reports") / self.target_name.replace(":", "_").replace("/", "_"))
-        self.expectations_path = self._expectations_path(option.expectations)
+        self.profile = settings.profile or DEFAULT_PROFILE
+        self.shrink = settings.shrink
+        self.seed = settings.seed or 0
+        self.shard = self._shard(settings.shard)
+        self.report_dir = Path(settings.report_dir or Path("reports") / self.target_name.replace(":", "_").replace("/", "_"))
+        self.expectations_path = self._expectations_path(settings.expectations)
         try:
             entries = load_expectations(self.expectations_path) if self.expectations_path else ()
         except ValueError as exc:
             raise RunError(str(exc)) from None
         self.expectations, self.expectations_not_applicable = split_applicable(entries)
         self.today = dt.date.today()
-        self.isolation = option.isolation
-        timeout = option.case_timeout if option.case_timeout is not None else PROFILES[self.profile].case_timeout
+        self.isolation = settings.isolation
+        timeout = settings.case_timeout if settings.case_timeout is not None else PROFILES[self.profile].case_timeout
         if timeout < 0:
             raise RunError(f"--case-timeout expects seconds >= 0 (0: no limit), got {timeout:g}")
         self.case_timeout = timeout if self.isolation == "process" and timeout > 0 else None
@@ -137,29 +136,30 @@ class ConformanceRun:
             self._executor = self._local_executor()  # load errors are usage errors, as they always were
 
     @staticmethod
-    def _resume(option) -> dict | None:
-        """With ``--resume DIR``: the interrupted run's manifest, its settings copied into ``option``."""
-        if not option.resume:
+    def _resume(settings) -> dict | None:
+        """With ``--resume DIR``: the interrupted run's manifest, its target, profile, seed, shard, report
+        dir and expectations copied into ``settings``."""
+        if not settings.resume:
             return None
-        if option.replay:
+        if settings.replay:
             raise RunError("--resume and --replay exclude each other")
         try:
-            manifest = journal.read_manifest(Path(option.resume))
+            manifest = journal.read_manifest(Path(settings.resume))
         except ValueError as exc:
             raise RunError(f"--resume: {exc}") from None
         if manifest.get("replay"):
-            raise RunError(f"--resume {option.resume}: that run replayed one case; run it again with --replay {manifest['replay']}")
+            raise RunError(f"--resume {settings.resume}: that run replayed one case; run it again with --replay {manifest['replay']}")
         for name in ("target", "profile", "seed", "shard", "report_dir"):
-            given = getattr(option, name)
-            recorded = option.resume if name == "report_dir" else manifest[name]
+            given = getattr(settings, name)
+            recorded = settings.resume if name == "report_dir" else manifest[name]
             if given is not None and str(given) != str(recorded):
                 raise RunError(
-                    f"--resume {option.resume}: the interrupted run has --{name.replace('_', '-')}={recorded}, "
+                    f"--resume {settings.resume}: the interrupted run has --{name.replace('_', '-')}={recorded}, "
                     f"not {given}; leave the option out to take the run's own"
                 )
-            setattr(option, name, recorded)
-        if option.expectations is None:
-            option.expectations = manifest.get("expectations") or "none"
+            setattr(settings, name, recorded)
+        if settings.expectations is None:
+            settings.expectations = manifest.get("expectations") or "none"
         return manifest
 
     def _local_executor(self) -> LocalExecutor:
