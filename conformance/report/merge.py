@@ -98,10 +98,11 @@ def merge_documents(documents: list[dict], sources: list[str] | None = None) -> 
     workers = [{"source": source, **worker} for source, document in zip(sources, documents) for worker in document.get("workers") or []]
     # the same document a single run builds from its manifest and journals (missing, unexpected, gate)
     merged = build_document(manifest, results, workers=workers)
-    extra_reasons = _input_gate_reasons(documents, sources) + _missing_shards(documents)
+    absent_shards = _missing_shards(documents)
+    extra_reasons = _input_gate_reasons(documents, sources) + absent_shards
     if duplicated:
         extra_reasons.append(f"{len(duplicated)} case(s) have results in more than one input: {listed(duplicated)}")
-    if case_list_summary(covered) != whole and not _missing_shards(documents):
+    if case_list_summary(covered) != whole and not absent_shards:
         extra_reasons.append(f"the inputs' shards hold {len(covered)} of the profile's {whole['count']} cases: merge every shard")
     gate = merged["gate"]
     if extra_reasons:

@@ -173,8 +173,7 @@ def _refusal(target: Target, case: Case) -> str | None:
 def _feature_notes(target: Target, spec: OpSpec, op: str, dtype: str) -> list[str]:
     notes = []
     for what, knob, changes in FEATURE_PROBES:
-        reads = spec.max_slices > 1 if knob == "slices" else knob is None or knob in spec.knobs
-        if reads:
+        if knob is None or knob in spec.knobs:
             refused = _refusal(target, probe_case(op, dtype, **changes))
             if refused:
                 notes.append(f"cases with {what} not supported: {refused}")
