@@ -102,11 +102,11 @@ def execute(spec: OpSpec, case: Case, values: Tensors, impl, device: torch.devic
 
 
 def modified_inputs(spec: OpSpec, values: Tensors, after: Tensors) -> list[str]:
-    """The input tensors (all but the output) a call changed: inputs are read-only in every op's contract."""
+    """The input tensors (all but the outputs) a call changed: inputs are read-only in every op's contract."""
     return [
         name
         for name, value in values.items()
-        if name != spec.output and bool(bitwise_differences(after[name], value).any())
+        if name not in spec.outputs and bool(bitwise_differences(after[name], value).any())
     ]
 
 
@@ -131,7 +131,7 @@ def run_case(target: Target, case: Case, case_id: str | None = None, values: Ten
     case_id = case_id or case.case_id
     features = case_features(case)
     if case.op not in target.implemented_ops():
-        reason = f"{target.name} does not implement {case.op}"
+        reason = target.not_implemented_reason(case.op)
     else:
         reason = target.unsupported_reason(case)
     if reason is not None:
@@ -151,6 +151,8 @@ def run_case(target: Target, case: Case, case_id: str | None = None, values: Ten
             kinds=(FailureKind.RAISED,),
         )
     seconds = time.perf_counter() - started
+    if spec.check is not None:
+        return _checked_result(spec, case, case_id, values, after, features, seconds)
     cpu = torch.device("cpu")
     # One reference wrapper for both runs: its metadata depends on the mapping only, not on the dtype,
     # so the baseline reuses what the oracle run built (a few percent of a wrapper case's time).
@@ -169,6 +171,19 @@ def run_case(target: Target, case: Case, case_id: str | None = None, values: Ten
     return CaseResult(
         case_id, case, Outcome.FAIL, "; ".join(details), verdict.measurement, features, seconds, failing_slots, kinds=kinds
     )
+
+
+def _checked_result(spec: OpSpec, case: Case, case_id: str, values: Tensors, after: Tensors, features, seconds: float) -> CaseResult:
+    """An op judged by its invariants (``OpSpec.check``), not against the oracle: each problem names its slot."""
+    problems = spec.check(case, after, values)
+    changed = modified_inputs(spec, values, after)
+    if not problems and not changed:
+        return CaseResult(case_id, case, Outcome.PASS, "", None, features, seconds)
+    details = [f"slot {slot}: {text}" for slot, text in problems]
+    details += [f"modified its input {name!r}, which every op must only read" for name in changed]
+    kinds = ordered([FailureKind.INVARIANT] * bool(problems) + [FailureKind.MODIFIED_INPUT] * bool(changed))
+    failing_slots = tuple(sorted({slot for slot, _ in problems}))
+    return CaseResult(case_id, case, Outcome.FAIL, "; ".join(details), None, features, seconds, failing_slots, kinds=kinds)
 
 
 def check_values(case: Case, values: Tensors) -> None:

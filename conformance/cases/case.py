@@ -44,6 +44,18 @@ class Case:
     distribution: str = "normal"  # normal | positive
     seed: int = 0
     family: str = "random"  # the edge-case family it was drawn for
+    # Mixture-of-experts routing (the fused-MoE ops only; docs/moe.md). ``hidden_size`` is then the
+    # input features K of the op (H for w13, I for w2) and every slice has the same width.
+    num_experts: int = 0  # E, local experts in the stacks; 0 = not an MoE case
+    top_k: int = 0  # choices per token
+    topk_ids: tuple[tuple[int, ...], ...] = ()  # per token, the global expert of each choice
+    expert_map: tuple[int, ...] = ()  # global expert → local expert or −1 (expert parallelism); () = all local
+    disabled_slots: tuple[int, ...] = ()  # slots whose adapter_enabled is 0
+    shared_experts: bool = False  # w13's A / w2's B with expert dim 1 (shared-expert LoRA)
+    routed_weight: bool = False  # mul_routed_weight: x has T·top_k rows, the delta is weighted
+    zero_weight_pairs: tuple[int, ...] = ()  # pairs t·top_k + k whose routing weight is exactly 0
+    block_size: int = 0  # the kernels' block size (fused_moe_lora, moe_lora_align_block_size)
+    naive_blocks: bool = False  # fused_moe_lora fed topk_ids.flatten() instead of sorted ids
 
     def __post_init__(self) -> None:
         problems = []
@@ -65,8 +77,30 @@ class Case:
             problems.append(f"expand_input_dtype {self.expand_input_dtype!r} is not a dtype name")
         if self.distribution not in ("normal", "positive"):
             problems.append(f"distribution {self.distribution!r} is not normal or positive")
+        if self.num_experts or self.top_k or self.topk_ids:
+            problems += self._routing_problems()
         if problems:
             raise ValueError("invalid case: " + "; ".join(problems))
+
+    def _routing_problems(self) -> list[str]:
+        problems = []
+        if self.num_experts < 1 or self.top_k < 1:
+            problems.append(f"an MoE case needs num_experts ≥ 1 and top_k ≥ 1, got {self.num_experts} and {self.top_k}")
+        if len(self.topk_ids) != self.num_tokens or any(len(ids) != self.top_k for ids in self.topk_ids):
+            problems.append(f"topk_ids must hold {self.top_k} experts for each of the {self.num_tokens} tokens")
+        if any(not 0 <= e < self.global_experts for ids in self.topk_ids for e in ids):
+            problems.append(f"topk_ids {self.topk_ids} outside [0, {self.global_experts - 1}]")
+        if self.expert_map:
+            local = sorted(e for e in self.expert_map if e != -1)
+            if local != list(range(self.num_experts)):
+                problems.append(f"expert_map {self.expert_map} must map onto each of the {self.num_experts} local experts once")
+        if any(not 0 <= s < self.num_slots for s in self.disabled_slots):
+            problems.append(f"disabled_slots {self.disabled_slots} outside [0, {self.num_slots - 1}]")
+        if any(not 0 <= p < self.num_tokens * self.top_k for p in self.zero_weight_pairs):
+            problems.append(f"zero_weight_pairs {self.zero_weight_pairs} outside the {self.num_tokens * self.top_k} pairs")
+        if len(set(self.output_slices)) > 1:
+            problems.append(f"MoE slices have equal widths, got {self.output_slices}")
+        return problems
 
     # -- derived structure -------------------------------------------------------------------
 
@@ -95,10 +129,31 @@ class Case:
     def num_slices(self) -> int:
         return len(self.output_slices)
 
+    # -- routing (MoE cases) -------------------------------------------------------------------
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def global_experts(self) -> int:
+        """Experts the router chooses from: all ranks' (``len(expert_map)``) or the local ones."""
+        return len(self.expert_map) if self.expert_map else self.num_experts
+
+    def local_expert(self, global_expert: int) -> int:
+        """The local expert a global one maps to, −1 when it lives on another rank."""
+        return self.expert_map[global_expert] if self.expert_map else global_expert
+
+    @property
+    def pair_slots(self) -> tuple[int, ...]:
+        """The slot of every (token, choice) pair ``t·top_k + k``: the token's slot."""
+        return tuple(slot for slot in self.token_slots for _ in range(self.top_k))
+
     @cached_property
     def case_id(self) -> str:
-        """A readable id: op, dtype, slices, rank, family (the index is appended by the profile)."""
-        return f"{self.op}-{SHORT_DTYPE[self.dtype]}-slices{self.num_slices}-r{self.max_rank}-{self.family}"
+        """A readable id: op, dtype, slices, rank, (experts and top_k,) family (the index is appended by the profile)."""
+        routing = f"-e{self.num_experts}k{self.top_k}" if self.is_moe else ""
+        return f"{self.op}-{SHORT_DTYPE[self.dtype]}-slices{self.num_slices}-r{self.max_rank}{routing}-{self.family}"
 
     # -- serialization -----------------------------------------------------------------------
 
@@ -114,5 +169,10 @@ class Case:
         missing = sorted(f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in data)
         if missing:
             raise ValueError(f"case is missing field(s) {missing}")
-        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        fields = {k: _tuples(v) if isinstance(v, list) else v for k, v in data.items()}
         return cls(**fields)
+
+
+def _tuples(value: list) -> tuple:
+    """JSON lists back to (nested) tuples: ``topk_ids`` is a tuple of tuples."""
+    return tuple(_tuples(v) if isinstance(v, list) else v for v in value)

@@ -36,6 +36,18 @@ FEATURE_DOCS = {
     "w4d": "4-D weight stacks [L, 1, rows, cols]",
     "decode": "decode batch (one token per sequence)",
     "positive": "all-positive values (no cancellation, large accumulations)",
+    # the fused-MoE ops (docs/moe.md)
+    "moe_wide_topk": "top_k ≥ 4 choices per token",
+    "moe_many_experts": "32 experts or more",
+    "moe_hot_expert": "one expert chosen by at least half of the pairs while another is chosen by none",
+    "moe_duplicate": "a token that chooses the same expert twice",
+    "moe_zero_weight": "a routing weight of exactly 0",
+    "moe_nonlocal": "a choice of an expert on another rank (expert_map −1)",
+    "moe_disabled": "a token whose slot's adapter_enabled is 0",
+    "moe_shared": "shared-expert LoRA: one LoRA-A (w13) or LoRA-B (w2) for every expert",
+    "moe_fused_slice": "gate and up as one fused 2·I slice (adapters on fused 3-D expert weights)",
+    "moe_routed_weight": "mul_routed_weight: one input row per pair, the delta weighted",
+    "moe_naive": "naive block assignment (topk_ids as the experts, no sorted ids)",
 }
 
 
@@ -77,4 +89,25 @@ def case_features(case: Case) -> frozenset[str]:
         "decode": not case.is_prefill,
         "positive": case.distribution == "positive",
     }
+    if case.is_moe:
+        found.update(_routing_features(case))
     return frozenset(name for name, present in found.items() if present)
+
+
+def _routing_features(case: Case) -> dict[str, bool]:
+    chosen = [e for ids in case.topk_ids for e in ids]
+    counts = [chosen.count(e) for e in range(case.global_experts)]
+    used_slots = {s for s in case.token_slots if s != -1}
+    return {
+        "moe_wide_topk": case.top_k >= 4,
+        "moe_many_experts": case.global_experts >= 32,
+        "moe_hot_expert": bool(chosen) and max(counts) * 2 >= len(chosen) > 1 and min(counts) == 0,
+        "moe_duplicate": any(len(set(ids)) < len(ids) for ids in case.topk_ids),
+        "moe_zero_weight": bool(case.zero_weight_pairs),
+        "moe_nonlocal": any(case.local_expert(e) == -1 for e in chosen),
+        "moe_disabled": bool(used_slots & set(case.disabled_slots)),
+        "moe_shared": case.shared_experts,
+        "moe_fused_slice": case.num_slices == 1 and case.op in ("add_lora_w13", "fused_moe_lora") and not case.routed_weight,
+        "moe_routed_weight": case.routed_weight,
+        "moe_naive": case.naive_blocks,
+    }

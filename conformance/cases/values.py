@@ -57,3 +57,32 @@ def lora_b_stack(gen: torch.Generator, case: Case, width: int) -> torch.Tensor:
 def bias_stack(gen: torch.Generator, case: Case, width: int) -> torch.Tensor:
     """``[L, N]`` (or ``[L, 1, N]``): one bias row per slot."""
     return _stack_layout(case, activations(gen, case, (case.num_slots, width), torch.float64))
+
+
+# -- the fused-MoE ops: stacks with an expert dimension, and the routing ----------------------
+
+
+def moe_lora_a_stack(gen: torch.Generator, case: Case, experts: int) -> torch.Tensor:
+    """``[L, E, R, K]`` (``E = 1``: shared by every expert); rows at and above each slot's rank are zero."""
+    stack = _weights(gen, case, (case.num_slots, experts, case.max_rank, case.hidden_size), case.hidden_size)
+    for slot, rank in enumerate(case.adapter_ranks):
+        stack[slot, :, rank:, :] = 0
+    return stack.to(case.torch_dtype).contiguous()
+
+
+def moe_lora_b_stack(gen: torch.Generator, case: Case, width: int, experts: int) -> torch.Tensor:
+    """``[L, E, N, R]`` (``E = 1``: shared by every expert); columns at and above each slot's rank are zero."""
+    stack = torch.empty(case.num_slots, experts, width, case.max_rank, dtype=torch.float64)
+    for slot, rank in enumerate(case.adapter_ranks):
+        stack[slot] = _weights(gen, case, (experts, width, case.max_rank), rank)
+        stack[slot, :, :, rank:] = 0
+    return stack.to(case.torch_dtype).contiguous()
+
+
+def routing_weights(gen: torch.Generator, case: Case) -> torch.Tensor:
+    """float32 ``[T, top_k]``: positive weights summing to 1 per token (a softmax router's), then the
+    case's zero-weight pairs set to exactly 0."""
+    weights = torch.rand(case.num_tokens, case.top_k, generator=gen, dtype=torch.float64) + 0.05
+    weights = (weights / weights.sum(1, keepdim=True)).reshape(-1)
+    weights[list(case.zero_weight_pairs)] = 0.0
+    return weights.reshape(case.num_tokens, case.top_k).to(torch.float32)

@@ -15,6 +15,7 @@ draw of its own. Adding a family is one subclass and one entry in ``FAMILIES``.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 from hypothesis import strategies as st
@@ -39,8 +40,14 @@ class Family:
     min_seqs: ClassVar[int] = 1
     sized: ClassVar[bool] = False  # draws a real or odd feature size (hidden size, else the output width)
     decode: ClassVar[bool] = False  # a decode batch (ops that read prefill)
+    for_moe: ClassVar[bool] = True  # also aimed at the fused-MoE ops (those that read "routing")
+    # steers values, ranks or sizes only: nothing for an op judged by invariants on its indices
+    # (moe_lora_align_block_size reads the routing, no weight and no activation)
+    about_values: ClassVar[bool] = False
 
     def applies_to(self, spec: OpSpec, dtype: str) -> bool:
+        if ("routing" in spec.knobs and not self.for_moe) or (self.about_values and spec.check is not None):
+            return False
         return self.needs_knobs <= spec.knobs and (self.dtypes is None or dtype in self.dtypes)
 
     # -- the structure: slots, sequences, ranks, sizes ------------------------------------------
@@ -110,6 +117,39 @@ class Family:
     def distribution(self, draw) -> str:
         return "normal"
 
+    # -- the routing of the fused-MoE ops (conformance.ops.moe) ----------------------------------
+
+    def num_experts(self, draw, limits: Limits) -> int:
+        return draw(st.integers(2, limits.max_experts))
+
+    def top_k(self, draw, experts: int) -> int:
+        return draw(st.integers(1, min(experts, 4)))
+
+    def expert_map(self, draw, experts: int) -> tuple[int, ...]:
+        """Global expert → local expert or −1; ``()``: every expert is local."""
+        return ()
+
+    def steer_routing(self, draw, topk_ids: list[list[int]], expert_map: tuple[int, ...], global_experts: int) -> list[list[int]]:
+        return topk_ids
+
+    def disabled_slots(self, draw, token_slots: tuple[int, ...], num_slots: int) -> tuple[int, ...]:
+        return ()
+
+    def shared_experts(self, draw) -> bool:
+        return False
+
+    def gate_up_slices(self, draw) -> int:
+        return 2  # gate and up as two slices (FusedMoEWithLoRA)
+
+    def routed_weight(self, draw) -> bool:
+        return False
+
+    def zero_weight_pairs(self, draw, num_pairs: int) -> tuple[int, ...]:
+        return ()
+
+    def naive_blocks(self, draw) -> bool:
+        return False
+
 
 def _draws_on(self, draw) -> bool:
     return draw(st.booleans())
@@ -118,9 +158,13 @@ def _draws_on(self, draw) -> bool:
 class Random(Family):
     name, doc = "random", "everything drawn freely"
     wide = add_inputs = scaled = fp32_input = bias = weights_4d = _draws_on
+    shared_experts = routed_weight = naive_blocks = _draws_on
 
     def distribution(self, draw) -> str:
         return draw(st.sampled_from(("normal", "positive")))
+
+    def gate_up_slices(self, draw) -> int:
+        return draw(st.integers(1, 2))
 
 
 class Neg1(Family):
@@ -192,6 +236,7 @@ class OneToken(Family):
 
 class LargeT(Family):
     name, doc, feature = "large_t", "a thousand tokens or more", "large_t"
+    for_moe = False  # a thousand tokens' routing as case data: the MoE benchmarks cover large T
 
     def sequence_lengths(self, draw, limits: Limits) -> tuple[int, ...]:
         low, high = limits.large_t
@@ -205,6 +250,7 @@ class LargeT(Family):
 
 class RankPadded(Family):
     name, doc, feature = "rank_padded", "adapters of rank below the stack's max rank", "rank_padded"
+    about_values = True
 
     def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
         if all(s == -1 for s in slots):  # a padded rank only matters on a row that reads it
@@ -220,6 +266,7 @@ class RankPadded(Family):
 
 class RankOdd(Family):
     name, doc, feature = "rank_odd", "ranks that are not multiples of 16, rank 1 included", "rank_odd"
+    about_values = True
 
     def max_rank(self, draw, limits: Limits) -> int:
         return draw(st.sampled_from([r for r in ODD_RANKS if r <= max(limits.max_rank, 33)]))
@@ -232,6 +279,7 @@ class RankOdd(Family):
 
 class RankMax(Family):
     name, doc = "rank_max", "the largest rank vLLM supports (256)"
+    about_values = True
 
     def max_rank(self, draw, limits: Limits) -> int:
         return 256
@@ -242,6 +290,7 @@ class RankMax(Family):
 
 class RealHidden(Family):
     name, doc, feature, sized = "real_hidden", "hidden sizes of real models", "real_hidden", True
+    about_values = True
 
     def feature_size(self, draw, default_max: int) -> int:
         return draw(st.sampled_from(REAL_HIDDEN_SIZES))
@@ -249,6 +298,7 @@ class RealHidden(Family):
 
 class OddHidden(Family):
     name, doc, feature, sized = "odd_hidden", "hidden sizes that are no multiple of any block size", "odd_hidden", True
+    about_values = True
 
     def feature_size(self, draw, default_max: int) -> int:
         return draw(st.sampled_from(ODD_HIDDEN_SIZES))
@@ -325,6 +375,7 @@ class Bias(Family):
 
 class FourDStacks(Family):
     name, doc, feature = "w4d", "4-D weight stacks [L, 1, rows, cols]", "w4d"
+    needs_knobs = frozenset({"w4d"})
 
     def weights_4d(self, draw) -> bool:
         return True
@@ -340,14 +391,154 @@ class Decode(Family):
 
 class Positive(Family):
     name, doc, feature = "positive", "all-positive values: large sums without cancellation", "positive"
+    about_values = True
 
     def distribution(self, draw) -> str:
         return "positive"
 
 
+# -- the fused-MoE families: the corners of routing ---------------------------------------------------
+
+
+class MoEFamily(Family):
+    needs_knobs = frozenset({"routing"})
+
+
+class MoEWideTopK(MoEFamily):
+    name, doc, feature = "moe_wide_topk", "4–8 choices per token (Qwen3-MoE routes to 8)", "moe_wide_topk"
+
+    def num_experts(self, draw, limits: Limits) -> int:
+        return draw(st.integers(8, max(8, limits.max_experts)))
+
+    def top_k(self, draw, experts: int) -> int:
+        return draw(st.integers(4, 8))
+
+
+class MoEManyExperts(MoEFamily):
+    name, doc, feature = "moe_many_experts", "32–64 experts (Qwen3-MoE has 128, DeepSeek 256)", "moe_many_experts"
+
+    def num_experts(self, draw, limits: Limits) -> int:
+        return draw(st.integers(32, 64))
+
+    def affordable(self, limits, max_rank, ranks):
+        return replace(limits, max_hidden=min(limits.max_hidden, 64), max_width=min(limits.max_width, 64)), max_rank, ranks
+
+
+class MoEHotExpert(MoEFamily):
+    name, doc, feature, min_seqs = "moe_hot_expert", "one expert chosen by every token, another by none", "moe_hot_expert", 2
+
+    def num_experts(self, draw, limits: Limits) -> int:
+        return draw(st.integers(3, max(3, limits.max_experts)))
+
+    def top_k(self, draw, experts: int) -> int:
+        return draw(st.integers(1, 2))  # the hot expert then holds at least half of the pairs
+
+    def steer_routing(self, draw, topk_ids, expert_map, global_experts):
+        hot, cold = draw(st.permutations(range(global_experts)))[:2]
+        others = [e for e in range(global_experts) if e not in (hot, cold)]
+        for ids in topk_ids:
+            ids[:] = [hot] + [draw(st.sampled_from(others)) for _ in ids[1:]]
+        return topk_ids
+
+
+class MoEDuplicateRouting(MoEFamily):
+    name, doc, feature = "moe_duplicate", "a token choosing the same expert twice", "moe_duplicate"
+
+    def top_k(self, draw, experts: int) -> int:
+        return draw(st.integers(2, min(experts, 4)))
+
+    def steer_routing(self, draw, topk_ids, expert_map, global_experts):
+        ids = topk_ids[draw(st.integers(0, len(topk_ids) - 1))]
+        ids[1] = ids[0]
+        return topk_ids
+
+
+class MoEZeroWeight(MoEFamily):
+    name, doc, feature = "moe_zero_weight", "routing weights of exactly 0 (a pruned or masked choice)", "moe_zero_weight"
+    about_values = True
+
+    def applies_to(self, spec: OpSpec, dtype: str) -> bool:
+        return super().applies_to(spec, dtype) and spec.routed_weight is not False  # only a weighted op reads them
+
+    def routed_weight(self, draw) -> bool:
+        return True
+
+    def zero_weight_pairs(self, draw, num_pairs: int) -> tuple[int, ...]:
+        return tuple(sorted(draw(st.sets(st.integers(0, num_pairs - 1), min_size=1, max_size=num_pairs))))
+
+
+class MoENonLocal(MoEFamily):
+    name, doc, feature = "moe_nonlocal", "expert parallelism: choices of experts on another rank (expert_map −1)", "moe_nonlocal"
+
+    def expert_map(self, draw, experts: int) -> tuple[int, ...]:
+        order = draw(st.permutations(range(experts + draw(st.integers(1, experts)))))
+        mapping = [-1] * len(order)
+        for local, global_expert in enumerate(order[:experts]):
+            mapping[global_expert] = local
+        return tuple(mapping)
+
+    def steer_routing(self, draw, topk_ids, expert_map, global_experts):
+        remote = [g for g, local in enumerate(expert_map) if local == -1]
+        ids = topk_ids[draw(st.integers(0, len(topk_ids) - 1))]
+        if not set(ids) & set(remote):
+            ids[0] = draw(st.sampled_from(remote))
+        return topk_ids
+
+
+class MoEDisabledSlot(MoEFamily):
+    name, doc, feature = "moe_disabled", "a token whose slot has no MoE LoRA (adapter_enabled 0)", "moe_disabled"
+
+    def num_slots(self, draw, limits: Limits) -> int:
+        return draw(st.integers(2, max(2, limits.max_slots)))
+
+    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
+        if all(s == -1 for s in slots):
+            slots[draw(st.integers(0, len(slots) - 1))] = draw(st.integers(0, num_slots - 1))
+        return slots
+
+    def disabled_slots(self, draw, token_slots, num_slots: int) -> tuple[int, ...]:
+        used = sorted({s for s in token_slots if s != -1})
+        return (draw(st.sampled_from(used)),)
+
+
+class MoESharedExperts(MoEFamily):
+    name, doc, feature = "moe_shared", "shared-expert LoRA: one w13 LoRA-A / w2 LoRA-B for every expert", "moe_shared"
+    about_values = True
+
+    def shared_experts(self, draw) -> bool:
+        return True
+
+
+class MoEFusedSlice(MoEFamily):
+    name, doc, feature = "moe_fused_slice", "gate and up as one fused 2·I slice (FusedMoE3DWithLoRA)", "moe_fused_slice"
+    needs_knobs = frozenset({"routing", "gate_up"})
+
+    def gate_up_slices(self, draw) -> int:
+        return 1
+
+    def applies_to(self, spec: OpSpec, dtype: str) -> bool:
+        return super().applies_to(spec, dtype) and spec.routed_weight is not True  # gate/up is w13's input side
+
+
+class MoERoutedWeight(MoEFamily):
+    name, doc, feature = "moe_routed_weight", "mul_routed_weight: one input row per pair, the delta weighted", "moe_routed_weight"
+    needs_knobs = frozenset({"routing", "routed_weight"})
+
+    def routed_weight(self, draw) -> bool:
+        return True
+
+
+class MoENaiveBlocks(MoEFamily):
+    name, doc, feature = "moe_naive", "naive block assignment: topk_ids as the experts, no sorted ids", "moe_naive"
+    needs_knobs = frozenset({"routing", "naive"})
+
+    def naive_blocks(self, draw) -> bool:
+        return True
+
+
 def _small_products(limits: Limits) -> Limits:
     """Limits that keep the products of a thousand tokens, or of rank 256, affordable."""
-    return Limits(limits.max_slots, limits.max_seqs, limits.max_seq_len, 64, 64, 16, limits.large_t, 1)
+    return Limits(limits.max_slots, limits.max_seqs, limits.max_seq_len, 64, 64, 16, limits.large_t, 1, min(limits.max_experts, 8))
 
 
 FAMILIES: dict[str, Family] = {
@@ -356,6 +547,8 @@ FAMILIES: dict[str, Family] = {
         Random(), Neg1(), Neg1OneSlot(), AllNeg1(), LastSlot(), NonContiguous(), UnequalSequences(), OneToken(),
         LargeT(), RankPadded(), RankOdd(), RankMax(), RealHidden(), OddHidden(), Slices(), Offset(), WideOutput(),
         NoAddInputs(), Scaled(), Fp32Input(), Bias(), FourDStacks(), Decode(), Positive(),
+        MoEWideTopK(), MoEManyExperts(), MoEHotExpert(), MoEDuplicateRouting(), MoEZeroWeight(), MoENonLocal(),
+        MoEDisabledSlot(), MoESharedExperts(), MoEFusedSlice(), MoERoutedWeight(), MoENaiveBlocks(),
     )
 }  # fmt: skip
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -15,8 +15,16 @@ class Limits:
     max_rank: int  # R outside the rank_max family
     large_t: tuple[int, int]  # token range of the large_t family
     max_real_tokens: int  # tokens when a real or odd hidden size is drawn
+    max_experts: int = 8  # local experts of the MoE ops outside the many-experts family
+
+    def for_moe(self, sized: bool) -> Limits:
+        """An MoE case's stacks hold L·E matrices per slice: fewer slots and smaller ranks keep it
+        affordable (and fewer still with a real or odd hidden size, up to 14336 features)."""
+        if sized:
+            return replace(self, max_slots=min(self.max_slots, 2), max_rank=min(self.max_rank, 16), max_experts=min(self.max_experts, 4))
+        return replace(self, max_slots=min(self.max_slots, 4), max_rank=min(self.max_rank, 32))
 
 
-SMOKE_LIMITS = Limits(8, 5, 12, 192, 160, 64, (1024, 1280), 4)
-STANDARD_LIMITS = Limits(8, 6, 24, 384, 320, 128, (1024, 2048), 8)
-RELEASE_LIMITS = Limits(16, 8, 64, 1024, 1024, 256, (2048, 8192), 16)
+SMOKE_LIMITS = Limits(8, 5, 12, 192, 160, 64, (1024, 1280), 4, max_experts=8)
+STANDARD_LIMITS = Limits(8, 6, 24, 384, 320, 128, (1024, 2048), 8, max_experts=16)
+RELEASE_LIMITS = Limits(16, 8, 64, 1024, 1024, 256, (2048, 8192), 16, max_experts=64)

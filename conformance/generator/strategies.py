@@ -33,11 +33,48 @@ def _slices(draw, spec: OpSpec, family: Family, limits: Limits, big_width: bool)
     return (1,) * count  # shrink-side ops write [S, T, R]: slice widths are not read
 
 
+def _moe_slices(draw, spec: OpSpec, family: Family, limits: Limits) -> tuple[int, ...]:
+    """Equal widths: gate and up as two slices or one fused (``gate_up``), else one slice."""
+    count = family.gate_up_slices(draw) if "gate_up" in spec.knobs else 1
+    return (draw(st.integers(1, limits.max_width)),) * count
+
+
+BLOCK_SIZES = (16, 32, 64)  # the BLOCK_SIZE_M values of vLLM's fused-MoE LoRA tile configs
+
+
+def _routing(draw, spec: OpSpec, family: Family, limits: Limits, token_slots: tuple[int, ...], num_slots: int) -> dict:
+    """The MoE fields of a case (``Case.num_experts`` …), each step asking the family."""
+    experts = family.num_experts(draw, limits)
+    top_k = family.top_k(draw, experts)
+    expert_map = family.expert_map(draw, experts)
+    global_experts = len(expert_map) or experts
+    top_k = min(top_k, global_experts)
+    choice = st.lists(st.integers(0, global_experts - 1), min_size=top_k, max_size=top_k, unique=True)
+    topk_ids = [draw(choice) for _ in token_slots]
+    topk_ids = family.steer_routing(draw, topk_ids, expert_map, global_experts)
+    routed = spec.routed_weight if spec.routed_weight is not None else ("routed_weight" in spec.knobs and family.routed_weight(draw))
+    return {
+        "num_experts": experts,
+        "top_k": top_k,
+        "topk_ids": tuple(tuple(ids) for ids in topk_ids),
+        "expert_map": expert_map,
+        "disabled_slots": family.disabled_slots(draw, token_slots, num_slots),
+        "shared_experts": family.shared_experts(draw),
+        "routed_weight": routed,
+        "zero_weight_pairs": family.zero_weight_pairs(draw, len(token_slots) * top_k) if routed else (),
+        "block_size": draw(st.sampled_from(BLOCK_SIZES)) if "blocks" in spec.knobs else 0,
+        "naive_blocks": "naive" in spec.knobs and family.naive_blocks(draw),
+    }
+
+
 @st.composite
 def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
     """One case of ``spec.name`` in ``dtype`` aimed at ``family``: the same steps for every family, each
     step asking the family (``conformance.generator.families``) how to draw it."""
     name, family = family, FAMILIES[family]
+    moe = "routing" in spec.knobs
+    if moe:
+        limits = limits.for_moe(family.sized)
     num_slots = family.num_slots(draw, limits)
     seq_lens = family.sequence_lengths(draw, limits)
     if family.sized:
@@ -51,16 +88,21 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
         hidden = 16
     else:  # only a sized family's hidden size is its own; the others draw it freely
         hidden = family.feature_size(draw, limits.max_hidden) if hidden_is_sized else Family.feature_size(family, draw, limits.max_hidden)
-    slices = _slices(draw, spec, family, limits, big_width=family.sized and not hidden_is_sized)
+    if moe:
+        slices = _moe_slices(draw, spec, family, limits)
+    else:
+        slices = _slices(draw, spec, family, limits, big_width=family.sized and not hidden_is_sized)
     offset = draw(st.integers(1, 64)) if family.with_offset(draw, spec) else 0
     extra = draw(st.integers(1, 48)) if "wide" in spec.knobs and family.wide(draw) else 0
     add_inputs = family.add_inputs(draw) if "add_inputs" in spec.knobs else True
     scale = draw(st.sampled_from(SCALES)) if "scale" in spec.knobs and family.scaled(draw) else 1.0
     expand_input_dtype = "float32" if "expand_input" in spec.knobs and family.fp32_input(draw) else None
     bias = "bias" in spec.knobs and family.bias(draw)
-    weights_4d = family.weights_4d(draw)
+    weights_4d = "w4d" in spec.knobs and family.weights_4d(draw)
     is_prefill = not ("prefill" in spec.knobs and family.decode)
     distribution = family.distribution(draw)
+    token_slots = tuple(slot for slot, n in zip(seq_slots, seq_lens) for _ in range(n))
+    routing = _routing(draw, spec, family, limits, token_slots, num_slots) if moe else {}
     return Case(
         op=spec.name,
         dtype=dtype,
@@ -82,4 +124,5 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
         distribution=distribution,
         seed=draw(st.integers(0, 2**31 - 1)),
         family=name,
+        **routing,
     )

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from .kernel import KERNEL_OP_SPECS
 from .level import LEVEL_ORDER, Level
+from .moe import MOE_OP_SPECS
 from .spec import KNOBS, OpCall, OpSpec
 from .wrapper import WRAPPER_OP_SPECS, case_mapping
 
-OP_SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (*KERNEL_OP_SPECS, *WRAPPER_OP_SPECS)}
+OP_SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (*KERNEL_OP_SPECS, *WRAPPER_OP_SPECS, *MOE_OP_SPECS)}
 OP_NAMES = tuple(OP_SPECS)  # the built-in ops, in the design's order
 
 

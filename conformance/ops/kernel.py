@@ -118,8 +118,9 @@ def expand_written(case: Case) -> torch.Tensor:
 
 
 def _kernel(name, summary, knobs, values, call, written, max_slices=1) -> OpSpec:
-    """A kernel op's spec; its reference is ``conformance.reference.<name>``."""
-    return OpSpec(name, Level.KERNEL, summary, frozenset(knobs), values, call, written, getattr(reference, name), max_slices=max_slices)
+    """A dense kernel op's spec; its reference is ``conformance.reference.<name>``."""
+    knobs = frozenset(knobs | {"w4d"})
+    return OpSpec(name, Level.KERNEL, summary, knobs, values, call, written, getattr(reference, name), max_slices=max_slices)
 
 
 SHRINK_KNOBS = {"hidden", "scale"}

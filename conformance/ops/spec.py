@@ -23,7 +23,13 @@ from .level import Level
 Tensors = dict[str, torch.Tensor]
 
 # The knobs a case can turn; an op lists those it reads.
-KNOBS = frozenset({"slices", "offset", "wide", "add_inputs", "scale", "expand_input", "bias", "hidden", "prefill"})
+KNOBS = frozenset({
+    "slices", "offset", "wide", "add_inputs", "scale", "expand_input", "bias", "hidden", "prefill",
+    "w4d",  # the dense stacks' legacy layout [L, 1, rows, cols]
+    # the fused-MoE ops (conformance.ops.moe): the routing itself, gate/up as two slices or one fused,
+    # mul_routed_weight drawn both ways, the kernels' block size and naive block assignment
+    "routing", "gate_up", "routed_weight", "blocks", "naive",
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -47,11 +53,26 @@ class OpSpec:
     reference: Callable
     output: str = "out"
     max_slices: int = 1
-    rows_are_sampled: bool = False  # output rows are sampled rows (logits), not tokens
+    # What the output's rows are: "tokens", "sampled" rows (logits) or "pairs" (t·top_k + k, the MoE ops).
+    rows: str = "tokens"
+    # An op whose correct outputs are many (moe_lora_align_block_size) is judged by its invariants
+    # instead of against the oracle: ``check(case, after, values)`` lists the problems as
+    # ``(row, text)`` pairs, empty when the output is correct; it may write the outputs named in
+    # ``extra_outputs`` besides ``output``.
+    check: Callable[[Case, Tensors, Tensors], list[tuple[int, str]]] | None = None
+    extra_outputs: tuple[str, ...] = ()
+    # MoE ops: the routing weight is always applied (w2: True), never (w13: False), or drawn (the
+    # "routed_weight" knob); None for the other ops.
+    routed_weight: bool | None = None
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Every tensor the op writes; all others are read-only."""
+        return (self.output, *self.extra_outputs)
 
     def row_slots(self, case: Case) -> tuple[int, ...]:
         """The adapter slot of each row of the output."""
-        return case.sampled_slots if self.rows_are_sampled else case.token_slots
+        return {"tokens": case.token_slots, "sampled": case.sampled_slots, "pairs": case.pair_slots}[self.rows]
 
     def __post_init__(self) -> None:
         unknown = self.knobs - KNOBS
@@ -59,6 +80,8 @@ class OpSpec:
             raise ValueError(f"op {self.name}: unknown knobs {sorted(unknown)}")
         if self.level not in (Level.KERNEL, Level.WRAPPER):
             raise ValueError(f"op {self.name}: an op case is at level kernel or wrapper, not {self.level}")
+        if self.rows not in ("tokens", "sampled", "pairs"):
+            raise ValueError(f"op {self.name}: rows must be tokens, sampled or pairs, not {self.rows!r}")
         if not callable(self.reference):
             raise ValueError(f"op {self.name}: its reference must be a function of conformance.reference")
 

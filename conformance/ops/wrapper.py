@@ -119,12 +119,12 @@ def logits_written(case: Case) -> torch.Tensor:
     return rows_and_columns(case.sampled_slots, case.output_width, 0, case.output_width)
 
 
-def _wrapper(name, summary, knobs, values, call, written, max_slices=1, rows_are_sampled=False) -> OpSpec:
-    """A wrapper op's spec; its reference is ``PunicaWrapperReference.<name>``."""
-    knobs = frozenset(knobs | {"prefill"})
+def _wrapper(name, summary, knobs, values, call, written, max_slices=1, rows="tokens") -> OpSpec:
+    """A dense wrapper op's spec; its reference is ``PunicaWrapperReference.<name>``."""
+    knobs = frozenset(knobs | {"prefill", "w4d"})
     return OpSpec(
         name, Level.WRAPPER, summary, knobs, values, call, written, getattr(PunicaWrapperReference, name),
-        max_slices=max_slices, rows_are_sampled=rows_are_sampled,
+        max_slices=max_slices, rows=rows,
     )
 
 
@@ -145,6 +145,6 @@ WRAPPER_OP_SPECS = (
     _wrapper("add_lora_embedding", "y (+)= x @ B[slot]ᵀ for looked-up LoRA-A rows", {"add_inputs"}, embedding_values, _add_lora_embedding, all_columns_written),
     _wrapper(
         "add_lora_logits", "logits += scale · (h @ A[slot]ᵀ) @ B[slot]ᵀ per sampled row", {"hidden", "scale"}, logits_values, _add_lora_logits, logits_written,
-        rows_are_sampled=True,
+        rows="sampled",
     ),
 )

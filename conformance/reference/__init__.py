@@ -13,24 +13,30 @@ from .mapping import LoRAMapping, SegmentMetadata
 from .op_bgmv_expand import bgmv_expand
 from .op_bgmv_expand_slice import bgmv_expand_slice
 from .op_bgmv_shrink import bgmv_shrink
+from .op_fused_moe_lora import fused_moe_lora
 from .op_lora_expand import lora_expand
 from .op_lora_shrink import lora_shrink
+from .op_moe_lora_align_block_size import alignment_problems, moe_lora_align_block_size
 from .op_sgmv_expand import sgmv_expand
 from .op_sgmv_expand_slice import sgmv_expand_slice
 from .op_sgmv_shrink import sgmv_shrink
-from .punica_wrapper import PunicaWrapperReference
+from .punica_wrapper import PunicaWrapperReference, aligned_buffers
 
 __all__ = [
     "NO_ADAPTER",
     "LoRAKernelMeta",
     "LoRAMapping",
     "PunicaWrapperReference",
+    "aligned_buffers",
+    "alignment_problems",
     "SegmentMetadata",
     "bgmv_expand",
     "bgmv_expand_slice",
     "bgmv_shrink",
+    "fused_moe_lora",
     "lora_expand",
     "lora_shrink",
+    "moe_lora_align_block_size",
     "rows_per_adapter",
     "sgmv_expand",
     "sgmv_expand_slice",

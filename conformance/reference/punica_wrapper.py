@@ -10,7 +10,11 @@ the optional keyword ``lora_bias_stacked``. ``update_metadata`` takes the suite'
   ``offset_start`` like the LoRA delta does;
 * ``add_lora_linear``: ``add_shrink`` into a zeroed float32 buffer, then ``add_expand(add_inputs=True)``;
 * ``add_lora_embedding``: ``y[t] (+)= x[t] @ B[l]ᵀ`` (``x`` holds the LoRA-A rows already looked up);
-* ``add_lora_logits``: ``add_lora_linear`` for one slice, indexed by the sampled rows' slots.
+* ``add_lora_logits``: ``add_lora_linear`` for one slice, indexed by the sampled rows' slots;
+* ``add_lora_w13`` / ``add_lora_w2``: the fused-MoE LoRA deltas (docs/moe.md), composed as vLLM's GPU
+  wrapper composes them: ``moe_lora_align_block_size`` into block-aligned metadata, then
+  ``fused_moe_lora`` (w2 with ``mul_routed_weight``). The suite's hardware-neutral signature: no
+  Triton tile configs, and w2 takes the routing rather than w13's sorted ids.
 """
 
 from __future__ import annotations
@@ -21,8 +25,13 @@ from ._grouping import rows_per_adapter
 from ._stacks import accumulation_dtype, weight_stack
 from .kernel_meta import LoRAKernelMeta
 from .mapping import LoRAMapping
+from .op_fused_moe_lora import fused_moe_lora
 from .op_lora_expand import lora_expand
 from .op_lora_shrink import lora_shrink
+from .op_moe_lora_align_block_size import moe_lora_align_block_size
+
+# The block size the reference wrapper aligns the MoE pairs to (any size gives the same result).
+MOE_BLOCK_SIZE = 16
 
 
 class PunicaWrapperReference:
@@ -110,6 +119,37 @@ class PunicaWrapperReference:
         lora_shrink(x, [lora_a_stacked], buffer, *meta, scale)
         lora_expand(buffer, [lora_b_stacked], y2d, *meta, 0, True)
 
+    def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
+                     expert_map=None, offset: int = 0, add_inputs: bool = True, **kwargs) -> None:
+        """``y[t, k, offset + s·N …] (+)= (x[t] @ A_s[l, e]ᵀ) @ B_s[l, e]ᵀ``: no routing weight."""
+        self._fused_moe(y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, expert_map, offset,
+                        add_inputs, mul_routed_weight=False)
+
+    def add_lora_w2(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
+                    expert_map=None, offset: int = 0, add_inputs: bool = True, **kwargs) -> None:
+        """``y[t, k, offset …] (+)= w[t, k] · (x[t·top_k + k] @ A[l, e]ᵀ) @ B[l, e]ᵀ``: the routing weight applied."""
+        self._fused_moe(y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, expert_map, offset,
+                        add_inputs, mul_routed_weight=True)
+
+    def _fused_moe(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, expert_map,
+                   offset, add_inputs, *, mul_routed_weight: bool) -> None:
+        num_tokens, top_k = topk_ids.shape
+        meta = self._meta(self.token_meta, num_tokens)
+        token_slots, lora_ids = meta[0], meta[4]
+        max_loras = lora_a_stacked[0].size(0)
+        # the local experts: the expert dim of a stack that is not shared (a shared one has 1)
+        local_experts = max(lora_a_stacked[0].size(1), lora_b_stacked[0].size(1))
+        num_experts = expert_map.numel() if expert_map is not None else local_experts
+        sorted_ids, expert_ids, padded, blocks, per_slot = aligned_buffers(topk_ids.numel(), num_experts, MOE_BLOCK_SIZE, max_loras, y.device)
+        moe_lora_align_block_size(topk_ids, token_slots, num_experts, MOE_BLOCK_SIZE, max_loras, per_slot, blocks, sorted_ids,
+                                  expert_ids, padded, adapter_enabled, lora_ids, expert_map)
+        rank = lora_a_stacked[0].size(2)
+        tiles = (MOE_BLOCK_SIZE, 64, 32, 8, 4, 3, 1) * 2  # Triton's shrink and expand tiles: unused here
+        fused_moe_lora(y, x, list(lora_a_stacked), list(lora_b_stacked), topk_weights, sorted_ids.view(max_loras, -1),
+                       expert_ids.view(max_loras, -1), padded, token_slots, rank, top_k, lora_ids,
+                       torch.tensor([lora_ids.numel()]), adapter_enabled, *tiles, mul_routed_weight, offset > 0, offset,
+                       add_inputs)
+
     # -- helpers -------------------------------------------------------------------------------
 
     @staticmethod
@@ -135,3 +175,23 @@ class PunicaWrapperReference:
                     cols = slice(column, column + width)
                     y[rows, cols] = (y[rows, cols].to(acc) + bias2d[slot].to(acc)).to(y.dtype)
             column += width
+
+
+def aligned_buffers(num_pairs: int, num_experts: int, block_size: int, max_loras: int, device) -> tuple:
+    """The outputs of ``moe_lora_align_block_size`` sized as vLLM's wrapper sizes them.
+
+    ``(sorted_token_ids, expert_ids, num_tokens_post_pad, max_num_m_blocks, max_num_tokens_padded)``;
+    sorted ids start at −1 and the counts at −1 (so an entry the op must write and does not shows), the
+    expert ids at −1 (as vLLM initializes them: an untouched block is skipped).
+    """
+    per_slot = num_pairs + num_experts * (block_size - 1)
+    if num_pairs < num_experts:
+        per_slot = num_pairs * block_size
+    blocks = -(-per_slot // block_size)
+    return (
+        torch.full((max_loras * per_slot,), -1, dtype=torch.int32, device=device),
+        torch.full((max_loras * blocks,), -1, dtype=torch.int32, device=device),
+        torch.full((max_loras,), -1, dtype=torch.int32, device=device),
+        blocks,
+        per_slot,
+    )

@@ -54,6 +54,9 @@ class Target:
     description: ClassVar[str] = ""
     dtypes: ClassVar[frozenset[torch.dtype]] = frozenset({torch.float16, torch.bfloat16, torch.float32})
     generation_engine: ClassVar[str] = "decoder"
+    # Why an op is not implemented, where there is more to say than that (vLLM's CPU wrapper has no
+    # MoE LoRA at all, say); the report shows it as the reason of every such case.
+    why_not_implemented: ClassVar[dict[str, str]] = {}
 
     def __init__(self) -> None:
         self.check_available()
@@ -71,10 +74,14 @@ class Target:
         """The registered ops this target defines (an op set to None is not defined)."""
         return tuple(op for op in ops_at(Level.KERNEL) + ops_at(Level.WRAPPER) if callable(getattr(self, op, None)))
 
+    def not_implemented_reason(self, op: str) -> str:
+        """Why ``op`` is not supported: the target's own words, or that it does not implement it."""
+        return self.why_not_implemented.get(op, f"{self.name} does not implement {op}")
+
     def unsupported_reason(self, case: Case) -> str | None:
         """``None`` when the target claims ``case``; otherwise why it does not."""
         if case.op not in self.implemented_ops():
-            return f"{self.name} does not implement {case.op}"
+            return self.not_implemented_reason(case.op)
         if case.torch_dtype not in self.dtypes:
             return f"{self.name} does not support {case.dtype}"
         return None

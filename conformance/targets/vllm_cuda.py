@@ -1,4 +1,5 @@
-"""``cuda``: the installed vLLM's GPU LoRA path, ``PunicaWrapperGPU`` over the Triton ``lora_shrink``/``lora_expand``.
+"""``cuda``: the installed vLLM's GPU LoRA path, ``PunicaWrapperGPU`` over the Triton ``lora_shrink``/``lora_expand``
+and, for mixture-of-experts layers, ``fused_moe_lora`` and the ``_moe_C`` op ``moe_lora_align_block_size``.
 
 Wrapper methods go through vLLM's own ``PunicaWrapperGPU`` (token-sorted ``LoRAKernelMeta`` built by
 ``update_metadata``, then the Triton ops); ``lora_shrink``/``lora_expand`` are the very callables that
@@ -6,20 +7,31 @@ wrapper calls, fed the suite's metadata and adapted to the installed signature (
 ``num_active_loras`` CPU tensor after ``no_lora_flag_cpu``). The classic bgmv/sgmv ops no longer exist
 as Triton kernels in current vLLM, so they are not defined here ("not supported").
 
+The fused-MoE ops (docs/moe.md): ``fused_moe_lora`` is the callable ``PunicaWrapperGPU.add_lora_fused_moe``
+calls, ``moe_lora_align_block_size`` the ``vllm._custom_ops`` function its ``moe_lora_align_block_size``
+calls, both bound by name to the installed signature like the dense ops; the neutral ``add_lora_w13``/
+``add_lora_w2`` go through ``PunicaWrapperGPU.add_lora_w13``/``add_lora_w2``, adapted in
+:mod:`conformance.targets.vllm_cuda_moe` (shape stand-ins for the base weights, shared-expert expansion,
+w2's alignment, offset → ``tp_rank``, a one-rank tensor-parallel group for fully sharded calls).
+
 Nothing here imports vLLM, Triton or touches CUDA at import time: ``check_available`` does, and says in
 one line what is missing (the GPU first, then vLLM's CUDA build, then Triton).
 
 Limitations of the GPU path that this target does *not* hide (the suite reports them as failures):
 whatever the kernels or the wrapper get wrong, including stale pointer-cache entries (see
-:class:`TritonLoRAKernels`). What it declares not supported: float32 weights/activations (the Triton
-kernels assert float16/bfloat16; a float32 *expand input* is supported and cast, and is claimed) and
-LoRA bias where the installed wrapper has no ``lora_bias_stacked`` (vLLM 0.32 has none; its GPU
-wrapper would silently drop the keyword).
+:class:`TritonLoRAKernels`) and ``fused_moe_lora``'s two-kernel path (rank > 128 or fully sharded), which
+rounds float16 operands to bfloat16 before ``tl.dot``. What it declares not supported: float32
+weights/activations (the dense Triton kernels assert float16/bfloat16, and the end-to-end engine shares
+the target's dtypes; a float32 *expand input* is supported and cast, and is claimed), LoRA bias where the
+installed wrapper has no ``lora_bias_stacked`` (vLLM 0.32 has none; its GPU wrapper would silently drop
+the keyword), and the MoE cases vLLM cannot express (``vllm_cuda_moe``; ``moe_lora_align_block_size``
+where the build has no ``_moe_C`` op).
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import importlib
 import inspect
 import typing
@@ -31,7 +43,8 @@ import torch
 
 from conformance.reference import LoRAMapping
 
-from ._vllm import VllmWrapperMethods, lora_index_to_id, vllm_lora_mapping, vllm_version
+from . import vllm_cuda_moe as moe
+from ._vllm import VllmWrapperMethods, accepts_keyword, lora_index_to_id, vllm_lora_mapping, vllm_version
 from .base import Target, TargetUnavailable
 
 TARGET = "cuda"
@@ -116,6 +129,19 @@ def triton_unavailable_reason() -> str | None:
     return (
         f"target {TARGET!r} needs triton, but vLLM {vllm_version()} found no usable triton "
         "(vllm.triton_utils.HAS_TRITON is False); install the triton version vLLM's CUDA wheel pins"
+    )
+
+
+def moe_align_unavailable_reason() -> str | None:
+    """``None`` when vLLM's ``_moe_C`` custom op ``moe_lora_align_block_size`` is loaded, else why not (one line)."""
+    custom_ops = _import("vllm._custom_ops", "vLLM's CUDA build", INSTALL_HINT)  # loads _moe_C where built
+    if not callable(getattr(custom_ops, "moe_lora_align_block_size", None)):
+        return f"the installed vLLM {vllm_version()} has no vllm._custom_ops.moe_lora_align_block_size"
+    if hasattr(torch.ops._moe_C, "moe_lora_align_block_size"):
+        return None
+    return (
+        f"the installed vLLM {vllm_version()} has no _moe_C::moe_lora_align_block_size custom op (vllm._moe_C is "
+        f"not built or did not load), which vLLM's MoE LoRA aligns with; install vLLM's CUDA build, e.g. {INSTALL_HINT}"
     )
 
 
@@ -274,6 +300,68 @@ class TritonLoRAKernels:
         self.expand(*args, **kwargs)
 
 
+MOE_KERNEL_OPS = ("fused_moe_lora", "moe_lora_align_block_size")
+MOE_OPS = (*MOE_KERNEL_OPS, *moe.MOE_WRAPPER_OPS)
+
+
+class TritonMoEKernels:
+    """vLLM's fused-MoE LoRA kernels called with the suite's signatures (docs/moe.md).
+
+    ``fused_moe_lora`` is ``PunicaWrapperGPU``'s own (``vllm.lora.punica_wrapper.punica_gpu``'s module
+    global, ``torch.ops.vllm.fused_moe_lora`` on a GPU build), ``moe_lora_align_block_size`` the
+    ``vllm._custom_ops`` function ``PunicaWrapperGPU.moe_lora_align_block_size`` calls. Arguments are
+    matched by name against the installed op's parameters. Either may be missing (an older vLLM, a
+    build without ``_moe_C``): :meth:`missing` says why, and the target declares those cases not supported.
+    """
+
+    def __init__(self, fused: Callable | None, align: Callable | None, *, fused_fallback: Callable | None = None,
+                 align_missing: str | None = None) -> None:
+        self.fused = fused
+        self.fused_params = op_parameters(fused, fused_fallback) if fused is not None else ()
+        # The Python function exists in every build; only a loaded _moe_C op makes it callable.
+        self.align = align if align_missing is None else None
+        self.align_params = op_parameters(align) if self.align is not None else ()
+        self.align_missing = align_missing
+        if self.align is None and align_missing is None:
+            self.align_missing = f"the installed vLLM {vllm_version()} has no moe_lora_align_block_size"
+
+    @classmethod
+    def from_vllm(cls, punica_gpu_module: Any, custom_ops_module: Any, align_missing: str | None) -> TritonMoEKernels:
+        try:
+            module = importlib.import_module("vllm.lora.ops.triton_ops.fused_moe_lora_op")
+            fallback = getattr(module, "_fused_moe_lora", None)  # the undecorated op, for its signature
+        except ImportError:
+            fallback = None
+        return cls(
+            getattr(punica_gpu_module, "fused_moe_lora", None),
+            getattr(custom_ops_module, "moe_lora_align_block_size", None),
+            fused_fallback=fallback,
+            align_missing=align_missing,
+        )
+
+    def takes(self, name: str) -> bool:
+        """Whether the installed ``fused_moe_lora`` has the parameter ``name`` (``add_inputs`` came later)."""
+        return any(p.name == name for p in self.fused_params)
+
+    def missing(self, op: str, wrapper_class: Any) -> str | None:
+        """Why the installed vLLM cannot run ``op`` at all, or ``None``."""
+        if op != "moe_lora_align_block_size" and self.fused is None:
+            return f"the installed vLLM {vllm_version()} has no fused_moe_lora (vLLM's MoE LoRA, vllm.lora.ops.triton_ops)"
+        if op != "fused_moe_lora" and self.align is None:
+            return self.align_missing
+        if op in moe.MOE_WRAPPER_OPS and not callable(getattr(wrapper_class, op, None)):
+            return f"the installed vLLM {vllm_version()}'s PunicaWrapperGPU has no {op}"
+        return None
+
+    def fused_moe_lora(self, values: dict[str, Any]) -> None:
+        args, kwargs = bind_arguments(self.fused_params, values, "fused_moe_lora")
+        self.fused(*args, **kwargs)
+
+    def moe_lora_align_block_size(self, values: dict[str, Any]) -> None:
+        args, kwargs = bind_arguments(self.align_params, values, "moe_lora_align_block_size")
+        self.align(*args, **kwargs)
+
+
 # -- the wrapper -------------------------------------------------------------------------------
 
 
@@ -335,7 +423,10 @@ def wrapper_capacity(mapping: LoRAMapping) -> int:
 
 class VllmCudaTarget(VllmWrapperMethods, Target):
     name = "cuda"
-    description = "the installed vLLM's PunicaWrapperGPU and Triton lora_shrink/lora_expand on a CUDA GPU"
+    description = (
+        "the installed vLLM's PunicaWrapperGPU and Triton lora_shrink/lora_expand (and fused_moe_lora, "
+        "moe_lora_align_block_size, add_lora_w13/add_lora_w2 for MoE layers) on a CUDA GPU"
+    )
     generation_engine = "vllm"  # end to end: the real engine, LLM(enable_lora=True)
     # The Triton LoRA kernels assert float16/bfloat16 inputs and weights (float32 expand inputs are cast).
     dtypes = frozenset({torch.float16, torch.bfloat16})
@@ -343,6 +434,7 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
     wrapper_class: ClassVar[Any] = None
     lora_config_class: ClassVar[Any] = None
     kernels: ClassVar[TritonLoRAKernels | None] = None
+    moe_kernels: ClassVar[TritonMoEKernels | None] = None
 
     @classmethod
     def check_available(cls) -> None:
@@ -354,9 +446,12 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
         punica_gpu = _import("vllm.lora.punica_wrapper.punica_gpu", "vLLM's CUDA build", INSTALL_HINT)
         config = _import("vllm.config.lora", "vLLM's CUDA build", INSTALL_HINT)
         _import("vllm.lora.layers", "vLLM's CUDA build", INSTALL_HINT)
+        custom_ops = _import("vllm._custom_ops", "vLLM's CUDA build", INSTALL_HINT)
         cls.wrapper_class = punica_gpu.PunicaWrapperGPU
         cls.lora_config_class = config.LoRAConfig
         cls.kernels = TritonLoRAKernels.from_vllm(punica_gpu)
+        # The MoE ops are optional: without them the dense ops still run, the MoE cases say why not.
+        cls.moe_kernels = TritonMoEKernels.from_vllm(punica_gpu, custom_ops, moe_align_unavailable_reason())
 
     @classmethod
     def default_device(cls) -> torch.device:
@@ -373,8 +468,43 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
         if case.bias and not self.supports_bias():
             return "the installed vLLM's PunicaWrapperGPU has no LoRA bias (lora_bias_stacked)"
         if case.torch_dtype not in self.dtypes:
-            return f"vLLM's Triton LoRA kernels take float16/bfloat16 inputs and weights, not {case.dtype}"
+            return self._dtype_reason(case)
+        if case.op in MOE_OPS and (reason := self._moe_reason(case)) is not None:
+            return reason
         return super().unsupported_reason(case)
+
+    def _dtype_reason(self, case) -> str:
+        if case.op == "moe_lora_align_block_size":
+            return (
+                f"{self.name} claims float16/bfloat16 only; the case dtype does not reach moe_lora_align_block_size "
+                "(integer metadata), which its float16/bfloat16 cases judge"
+            )
+        if case.op in MOE_OPS:
+            # fused_moe_lora asserts no dtype, but the target's dtypes are also the end-to-end engine's,
+            # and vLLM's dense Triton LoRA kernels (every model's other LoRA layers) assert these two.
+            return (
+                f"{self.name} claims float16/bfloat16 only (vLLM's dense Triton LoRA kernels assert them, and the "
+                f"end-to-end engine shares the target's dtypes); fused_moe_lora's {case.dtype} path is not judged here"
+            )
+        return f"vLLM's Triton LoRA kernels take float16/bfloat16 inputs and weights, not {case.dtype}"
+
+    def _moe_reason(self, case) -> str | None:
+        """What the installed vLLM's MoE LoRA cannot express in this case (docs/targets.md, the cuda target)."""
+        if (reason := self.moe_kernels.missing(case.op, self.wrapper_class)) is not None:
+            return reason
+        if case.op == "fused_moe_lora":
+            needs = ["add_inputs"] * (not case.add_inputs) + ["fully_sharded", "offset"] * (case.offset_start > 0)
+            lacking = [name for name in needs if not self.moe_kernels.takes(name)]
+            if lacking:
+                return f"the installed vLLM {vllm_version()}'s fused_moe_lora has no {', '.join(lacking)} parameter"
+            if case.offset_start > 0 and not case.add_inputs:
+                return moe.FULLY_SHARDED_OVERWRITE
+            return None
+        if case.op in moe.MOE_WRAPPER_OPS:
+            if not case.add_inputs and not accepts_keyword(getattr(self.wrapper_class, case.op), "add_inputs"):
+                return f"the installed vLLM {vllm_version()}'s PunicaWrapperGPU.{case.op} has no add_inputs"
+            return moe.moe_wrapper_unsupported_reason(case)
+        return None
 
     # -- wrapper level -----------------------------------------------------------------------
 
@@ -421,6 +551,41 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
             num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu,
             offset_start=offset_start, add_inputs=add_inputs,
         )
+
+    # -- fused-MoE LoRA (docs/moe.md) --------------------------------------------------------
+
+    def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
+                     expert_map=None, offset=0, add_inputs=True, **kwargs) -> None:
+        moe.add_lora_w13(self.wrapper, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled,
+                         expert_map=expert_map, offset=offset, add_inputs=add_inputs)
+
+    def add_lora_w2(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
+                    expert_map=None, offset=0, add_inputs=True, **kwargs) -> None:
+        moe.add_lora_w2(self.wrapper, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled,
+                        expert_map=expert_map, offset=offset, add_inputs=add_inputs)
+
+    def fused_moe_lora(
+        self, output, qcurr_hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids, expert_ids,
+        num_tokens_post_padded, token_lora_mapping, max_lora_rank, top_k_num, lora_ids, num_active_loras,
+        adapter_enabled, shrink_block_size_m, shrink_block_size_n, shrink_block_size_k, shrink_group_size_m,
+        shrink_num_warps, shrink_num_stages, shrink_split_k, expand_block_size_m, expand_block_size_n,
+        expand_block_size_k, expand_group_size_m, expand_num_warps, expand_num_stages, expand_split_k,
+        mul_routed_weight=False, fully_sharded=False, offset=0, add_inputs=True,
+    ) -> None:
+        values = dict(locals())  # the parameters, by vLLM's names: bound by name to the installed op
+        del values["self"]
+        # Fully sharded, vLLM's op runs a collective over the tensor-parallel group between shrink and expand.
+        with moe.single_rank_tensor_parallel() if fully_sharded else contextlib.nullcontext():
+            self.moe_kernels.fused_moe_lora(values)
+
+    def moe_lora_align_block_size(
+        self, topk_ids, token_lora_mapping, num_experts, block_size, max_loras, max_num_tokens_padded,
+        max_num_m_blocks, sorted_token_ids, experts_ids, num_tokens_post_pad, adapter_enabled, lora_ids,
+        expert_map=None,
+    ) -> None:
+        values = dict(locals())
+        del values["self"]
+        self.moe_kernels.moe_lora_align_block_size(values)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize()

@@ -11,6 +11,8 @@ _INT_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.floa
 
 def bitwise_differences(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     """Bool mask of elements whose bit patterns differ (so −0 ≠ +0 and NaN payloads count)."""
+    if not actual.is_floating_point():  # integer tensors (routing, metadata) compare by value
+        return (actual != expected) if actual.shape == expected.shape else torch.ones(expected.shape, dtype=torch.bool)
     view = _INT_VIEW[actual.dtype]
     return actual.contiguous().view(view) != expected.contiguous().view(view)
 

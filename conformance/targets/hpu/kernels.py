@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 
 from .engine import LoRAEngine
-from .rows import slots_from_segments, slots_from_sorted_metadata
+from .moe_align import align_block_size
+from .rows import RoutedPairs, enabled_slots, pairs_from_aligned_metadata, slots_from_segments, slots_from_sorted_metadata
 from .stacks import as_3d
 
 
@@ -110,6 +111,52 @@ class HpuKernelOps:
         for s, lora_b in enumerate(lora_b_weights):
             self.engine.expand_into(output_tensor, inputs[s], lora_b, rows, column, add_inputs)
             column += as_3d(lora_b).size(1)
+        self.engine.layer.after_op()
+
+    # -- the fused-MoE kernels -----------------------------------------------------------------
+
+    def fused_moe_lora(
+        self, output, qcurr_hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids, expert_ids,
+        num_tokens_post_padded, token_lora_mapping, max_lora_rank: int, top_k_num: int, lora_ids, num_active_loras,
+        adapter_enabled, shrink_block_size_m: int, *tiles, mul_routed_weight: bool = False, fully_sharded: bool = False,
+        offset: int = 0, add_inputs: bool = True,
+    ) -> None:
+        """vLLM's Triton op: Triton's tile parameters are read for the block size only (``shrink_block_size_m``);
+        vLLM passes ``mul_routed_weight``, ``fully_sharded``, ``offset``, ``add_inputs`` positionally after them."""
+        if len(tiles) not in (13, 17):
+            raise ValueError(f"fused_moe_lora takes 14 tile parameters, got {len(tiles) + 1}")
+        if len(tiles) == 17:  # the four trailing flags given positionally, as vLLM's wrapper does
+            *tiles, mul_routed_weight, fully_sharded, offset, add_inputs = tiles
+        num_tokens, top_k = topk_weights.shape
+        if top_k != top_k_num or tuple(output.shape[:2]) != (num_tokens, top_k):
+            raise ValueError(f"output {tuple(output.shape)} and topk_weights {tuple(topk_weights.shape)} disagree with top_k_num {top_k_num}")
+        num_slots, num_pairs = lora_a_stacked[0].size(0), num_tokens * top_k
+        if sorted_token_ids is None:  # naive: one expert per pair, the slot of its token
+            slots = enabled_slots(token_lora_mapping.long().repeat_interleave(top_k), adapter_enabled, num_slots)
+            experts = expert_ids.reshape(-1).long()
+        else:
+            slots, experts = pairs_from_aligned_metadata(sorted_token_ids, expert_ids, num_tokens_post_padded, lora_ids,
+                                                         adapter_enabled, shrink_block_size_m, num_pairs)
+        pairs = RoutedPairs.padded_to(slots, experts, num_pairs, self.engine.buckets.bucket(num_tokens) * top_k)
+        weights = topk_weights.reshape(-1) if mul_routed_weight else None
+        self.engine.moe_into(output.view(num_pairs, -1), qcurr_hidden_states, tuple(lora_a_stacked), tuple(lora_b_stacked),
+                             pairs, top_k, offset, add_inputs, weights)
+        self.engine.layer.after_op()
+
+    def moe_lora_align_block_size(
+        self, topk_ids, token_lora_mapping, num_experts: int, block_size: int, max_loras: int, max_num_tokens_padded: int,
+        max_num_m_blocks: int, sorted_token_ids, experts_ids, num_tokens_post_pad, adapter_enabled, lora_ids, expert_map=None,
+    ) -> None:
+        """vLLM's ``_moe_C`` op: rows of active, enabled slots written, the others left as they are."""
+        sorted_rows, expert_rows, counts, written = align_block_size(
+            topk_ids, token_lora_mapping, num_experts, block_size, max_loras, max_num_tokens_padded, max_num_m_blocks,
+            adapter_enabled, lora_ids, expert_map,
+        )
+        sorted_view = sorted_token_ids.view(max_loras, max_num_tokens_padded)
+        experts_view = experts_ids.view(max_loras, max_num_m_blocks)
+        sorted_view.copy_(torch.where(written[:, None], sorted_rows, sorted_view))
+        experts_view.copy_(torch.where(written[:, None], expert_rows, experts_view))
+        num_tokens_post_pad.copy_(torch.where(written, counts, num_tokens_post_pad))
         self.engine.layer.after_op()
 
     # -- metadata → row state ----------------------------------------------------------------

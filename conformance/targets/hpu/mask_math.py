@@ -49,12 +49,20 @@ def spread(s: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     return torch.where(mask, s.to(dtype).repeat(1, repeats), 0.0)
 
 
-def expand(shrunk: torch.Tensor, b_flat: torch.Tensor, mask: torch.Tensor, weight_dtype: torch.dtype) -> torch.Tensor:
-    """``[T, L·R]`` (masked) → the delta ``[T, N]``, rounded to the weight dtype."""
+def expand(
+    shrunk: torch.Tensor, b_flat: torch.Tensor, mask: torch.Tensor, weight_dtype: torch.dtype, row_weight: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[T, L·R]`` (masked) → the delta ``[T, N]``, rounded to the weight dtype.
+
+    ``row_weight`` (the MoE routing weight of each pair) multiplies the accumulated delta before it is
+    rounded, as vLLM's fused-MoE kernel applies ``mul_routed_weight`` to its float32 accumulator."""
     used_columns = mask.any(0)  # slots some row of this batch uses
     b = torch.where(used_columns[:, None], b_flat, 0.0)  # unused slots' rows are zero, whatever they hold
     s = shrunk.to(weight_dtype).to(b_flat.dtype)  # CAST_TYPE: the float32 shrink result is rounded first
-    return (s @ b).to(weight_dtype)
+    delta = s @ b
+    if row_weight is not None:
+        delta = delta * row_weight.to(delta.dtype)[:, None]
+    return delta.to(weight_dtype)
 
 
 def linear(
@@ -74,9 +82,11 @@ def shrink_rows(x: torch.Tensor, a_flat: torch.Tensor, mask: torch.Tensor, scale
     return select(shrink(x, a_flat, mask, scale), rank)
 
 
-def expand_rows(s: torch.Tensor, b_flat: torch.Tensor, mask: torch.Tensor, weight_dtype: torch.dtype) -> torch.Tensor:
-    """The delta ``[T, N]`` of a rank-space input ``[T, R]`` (the expand ops, the embedding)."""
-    return expand(spread(s, mask, b_flat.dtype), b_flat, mask, weight_dtype)
+def expand_rows(
+    s: torch.Tensor, b_flat: torch.Tensor, mask: torch.Tensor, weight_dtype: torch.dtype, row_weight: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The delta ``[T, N]`` of a rank-space input ``[T, R]`` (the expand ops, the embedding, MoE's expand)."""
+    return expand(spread(s, mask, b_flat.dtype), b_flat, mask, weight_dtype, row_weight)
 
 
 def select_table_rows(table: torch.Tensor, onehot: torch.Tensor) -> torch.Tensor:

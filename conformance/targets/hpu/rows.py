@@ -123,3 +123,93 @@ def slots_from_sorted_metadata(
     slot_at_position = ((active_lora_ids.reshape(1, -1).long() + 1) * inside).sum(1) - 1
     slots = torch.full((num_rows,), NO_ADAPTER, dtype=torch.long, device=device)
     return slots.scatter(0, token_indices_sorted_by_lora_ids.reshape(-1)[:num_rows].long(), slot_at_position)
+
+
+# -- (token, choice) pairs of the fused-MoE ops ------------------------------------------------
+
+
+class RoutedPairs:
+    """The rows of an MoE call: one per (token, choice) pair ``p = t·top_k + k``, padded per token bucket.
+
+    Each pair has a slot (−1: no adapter, a disabled adapter, or padding) and a local expert (−1: on
+    another rank). The MoE LoRA of a pair is the dense LoRA of the *virtual slot* ``slot·E + expert``
+    of stacks seen as ``[L·E, rows, cols]`` (``stacks.experts_as_slots``), so the dense mask and gather
+    math serve it unchanged: every shape depends on the bucket, ``top_k``, ``L``, ``E`` and ``R`` only,
+    never on the routing. A shared stack (one matrix per adapter) uses virtual slot ``slot``.
+    """
+
+    def __init__(self, slots: torch.Tensor, experts: torch.Tensor, count: int) -> None:
+        self.served = (slots >= 0) & (experts >= 0)
+        self.slots = slots
+        self.experts = experts
+        self.count = count
+        self._rows: dict[int, PaddedRows] = {}
+
+    @property
+    def padded(self) -> int:
+        return self.slots.numel()
+
+    @classmethod
+    def padded_to(cls, slots: torch.Tensor, experts: torch.Tensor, count: int, padded: int) -> RoutedPairs:
+        """Pairs from one slot and expert per real pair, padded with −1 up to ``padded`` pairs."""
+        extra = padded - count
+        return cls(F.pad(slots.long(), (0, extra), value=NO_ADAPTER), F.pad(experts.long(), (0, extra), value=NO_ADAPTER), count)
+
+    @classmethod
+    def from_routing(
+        cls, token_rows: PaddedRows, topk_ids: torch.Tensor, expert_map: torch.Tensor | None, adapter_enabled: torch.Tensor, num_slots: int
+    ) -> RoutedPairs:
+        """The wrapper's pairs: token slots from the mapping, experts from ``topk_ids`` through ``expert_map``."""
+        device = token_rows.slots.device
+        top_k = topk_ids.size(1)
+        ids = F.pad(topk_ids.to(device).long(), (0, 0, 0, token_rows.padded - topk_ids.size(0)))
+        experts = expert_map.to(device).long()[ids] if expert_map is not None else ids
+        slots = enabled_slots(token_rows.slots.long().repeat_interleave(top_k), adapter_enabled.to(device), num_slots)
+        return cls(slots, experts.reshape(-1), token_rows.count * top_k)
+
+    def rows(self, experts_per_slot: int) -> PaddedRows:
+        """The pairs' row state over virtual slots ``slot·E + expert`` (``E = 1``: a shared stack)."""
+        if experts_per_slot not in self._rows:
+            expert = self.experts if experts_per_slot > 1 else torch.zeros_like(self.experts)
+            virtual = torch.where(self.served, self.slots * experts_per_slot + expert, NO_ADAPTER)
+            self._rows[experts_per_slot] = PaddedRows(virtual.to(torch.int32), self.count)
+        return self._rows[experts_per_slot]
+
+
+def enabled_slots(slots: torch.Tensor, adapter_enabled: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """``slots`` with −1 where a slot is outside the stacks or its ``adapter_enabled`` entry is 0."""
+    enabled = adapter_enabled.long()[slots.clamp(0, num_slots - 1)] != 0
+    return torch.where((slots >= 0) & (slots < num_slots) & enabled, slots, NO_ADAPTER)
+
+
+def pairs_from_aligned_metadata(
+    sorted_token_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    num_tokens_post_padded: torch.Tensor,
+    lora_ids: torch.Tensor,
+    adapter_enabled: torch.Tensor,
+    block_size: int,
+    num_pairs: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fused_moe_lora``'s block-aligned metadata → the slot and expert of every pair, read as the kernel reads it.
+
+    Entry ``j`` of slot ``l``'s row counts when ``l`` is in ``lora_ids`` and enabled, ``j <
+    num_tokens_post_padded[l]``, its block's expert is not −1 and the id is a real pair; those are
+    scattered to their pair (the others into one dump entry, dropped). No loop, no data-dependent shape.
+    """
+    device = sorted_token_ids.device
+    num_slots, width = sorted_token_ids.shape
+    position = torch.arange(width, device=device)
+    slot_index = torch.arange(num_slots, device=device)
+    active = (slot_index[:, None] == lora_ids.reshape(1, -1).long()).any(1) & (adapter_enabled[:num_slots].long() != 0)
+    block_expert = expert_ids.long()[:, (position // block_size).clamp(max=expert_ids.size(1) - 1)]
+    ids = sorted_token_ids.long()
+    valid = (
+        active[:, None] & (position[None, :] < num_tokens_post_padded.long()[:, None]) & (block_expert >= 0) & (ids >= 0) & (ids < num_pairs)
+    )
+    where = torch.where(valid, ids, num_pairs).reshape(-1)
+    slots = torch.full((num_pairs + 1,), NO_ADAPTER, dtype=torch.long, device=device)
+    experts = torch.full((num_pairs + 1,), NO_ADAPTER, dtype=torch.long, device=device)
+    slots = slots.scatter(0, where, torch.where(valid, slot_index[:, None].expand(-1, width), NO_ADAPTER).reshape(-1))
+    experts = experts.scatter(0, where, torch.where(valid, block_expert, NO_ADAPTER).reshape(-1))
+    return slots[:num_pairs], experts[:num_pairs]

@@ -80,6 +80,37 @@ def upcast_3d(stack: torch.Tensor) -> torch.Tensor:
     return s.to(accumulation_dtype(s), copy=True).contiguous()
 
 
+def experts_as_slots(stack: torch.Tensor) -> torch.Tensor:
+    """An MoE stack ``[L, E, rows, cols]`` as a dense one of ``L·E`` virtual slots: slot ``l·E + e`` is
+    adapter ``l``'s matrix for expert ``e``. A stack of expert dim 1 (shared), or one expanded to every
+    expert with stride 0 as vLLM's layer passes it, is kept at one virtual slot per adapter."""
+    if stack.ndim != 4:
+        raise ValueError(f"an MoE LoRA stack is 4-D [L, E, rows, cols], got {tuple(stack.shape)}")
+    if stack.stride(1) == 0:
+        stack = stack[:, :1]
+    return stack.reshape(stack.size(0) * stack.size(1), stack.size(2), stack.size(3))
+
+
+def moe_flat_a(stack: torch.Tensor) -> torch.Tensor:
+    """MoE LoRA-A ``[L, E, R, K]`` → ``[L·E·R, K]``: ``flat_a`` of its virtual slots."""
+    return flat_a(experts_as_slots(stack))
+
+
+def moe_flat_b(stack: torch.Tensor) -> torch.Tensor:
+    """MoE LoRA-B ``[L, E, N, R]`` → ``[L·E·R, N]``: ``flat_b`` of its virtual slots."""
+    return flat_b(experts_as_slots(stack))
+
+
+def moe_upcast_3d(stack: torch.Tensor) -> torch.Tensor:
+    """MoE stack → ``[L·E, rows, cols]`` in the accumulation dtype (the gather-based layout)."""
+    return upcast_3d(experts_as_slots(stack))
+
+
+def experts_of(stack: torch.Tensor) -> int:
+    """How many experts a stack distinguishes: 1 when shared (expert dim 1 or stride 0)."""
+    return 1 if stack.size(1) == 1 or stack.stride(1) == 0 else stack.size(1)
+
+
 def bias_table(bias: torch.Tensor) -> torch.Tensor:
     """LoRA bias ``[L, (1,) N]`` → ``[L, N]`` in the accumulation dtype."""
     return bias.reshape(bias.size(0), -1).to(accumulation_dtype(bias), copy=True).contiguous()

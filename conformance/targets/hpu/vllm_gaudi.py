@@ -76,6 +76,12 @@ class VllmHpuTarget(Target):
     name = TARGET
     description = "the installed vllm-gaudi plugin's PunicaWrapperHPU (global LoraMask) on Intel Gaudi"
     generation_engine = "vllm"  # end to end: the real engine, LLM(enable_lora=True)
+    # vllm-gaudi (read at its August 2026 head) has no MoE LoRA: PunicaWrapperHPU defines none of vLLM's
+    # fused-MoE methods and the plugin registers no MoE LoRA kernel.
+    why_not_implemented = {
+        op: f"vllm-gaudi has no MoE LoRA: PunicaWrapperHPU implements no {op} (nor add_lora_fused_moe), and the plugin ships no fused-MoE LoRA kernel"
+        for op in ("add_lora_w13", "add_lora_w2", "fused_moe_lora", "moe_lora_align_block_size")
+    }
     wrapper_class: ClassVar[type | None] = None
     mask_holder: ClassVar[Any] = None
 

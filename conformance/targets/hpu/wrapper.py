@@ -26,7 +26,7 @@ import torch
 from conformance.reference import LoRAMapping
 
 from .engine import LoRAEngine
-from .rows import PaddedRows
+from .rows import PaddedRows, RoutedPairs
 from .stacks import as_3d
 
 
@@ -134,6 +134,27 @@ class HpuPunicaWrapper:
         y2d = y.view(-1, y.size(-1))
         x = x.reshape(-1, x.size(-1))
         self.engine.linear_into(y2d, x, lora_a_stacked, lora_b_stacked, self._rows(self.sampled_rows), 0, scale)
+        self.engine.layer.after_op()
+
+
+    # -- the fused-MoE methods (docs/moe.md's hardware-neutral contract) -------------------------
+
+    def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
+                     expert_map=None, offset: int = 0, add_inputs: bool = True, **kwargs) -> None:
+        """``y[t, k, offset + s·N …] (+)= (x[t] @ A_s[l, e]ᵀ) @ B_s[l, e]ᵀ``; no routing weight."""
+        self._moe(y, x, lora_a_stacked, lora_b_stacked, topk_ids, adapter_enabled, expert_map, offset, add_inputs, None)
+
+    def add_lora_w2(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
+                    expert_map=None, offset: int = 0, add_inputs: bool = True, **kwargs) -> None:
+        """``y[t, k, offset …] (+)= w[t, k] · (x[t·top_k + k] @ A[l, e]ᵀ) @ B[l, e]ᵀ``."""
+        self._moe(y, x, lora_a_stacked, lora_b_stacked, topk_ids, adapter_enabled, expert_map, offset, add_inputs, topk_weights)
+
+    def _moe(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, adapter_enabled, expert_map, offset, add_inputs, weights) -> None:
+        top_k = topk_ids.size(1)
+        pairs = RoutedPairs.from_routing(self._rows(self.token_rows), topk_ids, expert_map, adapter_enabled, lora_a_stacked[0].size(0))
+        routing_weights = None if weights is None else weights.reshape(-1)
+        self.engine.moe_into(y.view(-1, y.size(-1)), x, tuple(lora_a_stacked), tuple(lora_b_stacked), pairs, top_k, offset,
+                             add_inputs, routing_weights)
         self.engine.layer.after_op()
 
 

@@ -206,6 +206,9 @@ def test_mask_and_gather_variants_agree(variants, op):
         spec, values = OP_SPECS[op], make_values(case)
         a = execute(spec, case, values, mask_target, mask_target.device)[spec.output]
         b = execute(spec, case, values, gather_target, gather_target.device)[spec.output]
+        if spec.check is not None:  # integer metadata (moe_lora_align_block_size): one implementation, equal
+            assert torch.equal(a, b), case_id
+            continue
         written = spec.written_mask(case)
         assert torch.equal(bits(a)[~written], bits(b)[~written]), case_id
         if not written.any():

@@ -150,3 +150,86 @@ def test_padded_bucket_equals_unpadded_on_valid_rows(variant, dtype, tokens):
         ulps = 2 * torch.finfo(dtype).eps
         torch.testing.assert_close(results[name], results["unpadded"], rtol=ulps, atol=ulps)
         assert torch.equal(results[name][no_adapter], y0[no_adapter])
+
+
+# -- the fused-MoE methods: pairs as rows, (slot, expert) as virtual slots --------------------------
+
+E, TOP_K, INTER = 4, 2, 24  # experts, choices per token, intermediate size
+
+
+def moe_weights(gen: torch.Generator) -> dict:
+    def rand(*shape, fan_in):
+        return (torch.randn(*shape, generator=gen) / fan_in**0.5).to(DTYPE)
+
+    return {
+        "w13_a": tuple(rand(L, E, R, H, fan_in=H) for _ in range(2)),
+        "w13_b": tuple(rand(L, E, INTER, R, fan_in=R) for _ in range(2)),
+        "w2_a": (rand(L, E, R, INTER, fan_in=INTER),),
+        "w2_b": (rand(L, 1, H, R, fan_in=R),),  # shared-expert LoRA-B
+    }
+
+
+def run_moe_batch(wrapper: HpuPunicaWrapper, w: dict, token_slots: list[int], routing: list[list[int]], gen) -> dict:
+    T = len(token_slots)
+    wrapper.set_slots(torch.tensor(token_slots), torch.tensor(token_slots[:1]))
+    topk_ids = torch.tensor(routing, dtype=torch.int32)
+    topk_weights = torch.rand(T, TOP_K, generator=gen)
+    enabled = torch.tensor([1, 1, 0, 1, 0], dtype=torch.int32)  # slot 2 has no MoE LoRA
+    out = {
+        "w13": torch.randn(T, TOP_K, 2 * INTER, generator=gen).to(DTYPE),
+        "w2": torch.randn(T, TOP_K, H, generator=gen).to(DTYPE),
+    }
+    x = torch.randn(T, H, generator=gen).to(DTYPE)
+    inter = torch.randn(T * TOP_K, INTER, generator=gen).to(DTYPE)
+    wrapper.add_lora_w13(out["w13"], x, w["w13_a"], w["w13_b"], topk_ids, topk_weights, enabled)
+    wrapper.add_lora_w2(out["w2"], inter, w["w2_a"], w["w2_b"], topk_ids, topk_weights, enabled)
+    return out
+
+
+# One bucket (5–8 tokens → 8) with different adapter mixes, disabled slots, routings, a hot expert.
+MOE_SAME_BUCKET = [
+    ([0, 0, 1, 1, 2, 2, 3, 3], [[0, 1], [2, 3], [1, 0], [3, 2], [0, 2], [1, 3], [2, 0], [3, 1]]),
+    ([-1] * 5, [[0, 1]] * 5),  # no adapter, fewer tokens
+    ([3, -1, 3, 2, 3, -1, 3], [[1, 1], [0, 3], [1, 2], [1, 0], [1, 3], [2, 2], [1, 0]]),  # hot expert 1, duplicates
+    ([1] * 8, [[3, 2]] * 8),
+    ([2, 2, 2, 2, 2, 2], [[0, 1], [1, 2], [2, 3], [3, 0], [0, 2], [1, 3]]),  # only a disabled slot
+]
+
+
+@pytest.mark.parametrize("variant", ["mask", "gather"])
+def test_routing_changes_within_a_bucket_never_recompile(variant):
+    backend = CountingBackend()
+    compiled = HpuPunicaWrapper(LoRAEngine(variant, BucketPolicy(), CpuDeviceLayer(compile_backend=backend)))
+    eager = HpuPunicaWrapper(LoRAEngine(variant, BucketPolicy()))
+    w = moe_weights(torch.Generator().manual_seed(0))
+
+    run_moe_batch(compiled, w, *MOE_SAME_BUCKET[0], torch.Generator().manual_seed(1))  # warm-up
+    graphs_after_warm_up = backend.graphs
+    assert graphs_after_warm_up > 0
+    for i, (tokens, routing) in enumerate(MOE_SAME_BUCKET):
+        got = run_moe_batch(compiled, w, tokens, routing, torch.Generator().manual_seed(10 + i))
+        want = run_moe_batch(eager, w, tokens, routing, torch.Generator().manual_seed(10 + i))
+        for name in got:
+            assert torch.equal(got[name], want[name]), name
+    assert backend.graphs == graphs_after_warm_up, "a routing of the same bucket recompiled a core function"
+
+    # Control: 16 tokens are another bucket and compile new graphs.
+    run_moe_batch(compiled, w, [0, 1] * 8, [[0, 1], [2, 3]] * 8, torch.Generator().manual_seed(99))
+    assert backend.graphs > graphs_after_warm_up
+
+
+@pytest.mark.parametrize("variant", ["mask", "gather"])
+def test_unused_slots_and_experts_contribute_exactly_nothing(variant):
+    """Inf in the weights of every slot and expert no pair uses changes no bit of the result."""
+    w = moe_weights(torch.Generator().manual_seed(0))
+    poisoned = {name: tuple(s.clone() for s in stacks) for name, stacks in w.items()}
+    for stacks in poisoned.values():
+        for stack in stacks:
+            stack[0, :] = float("inf")  # slot 0: used by no token below
+            if stack.size(1) > 1:
+                stack[:, 3] = float("inf")  # expert 3: chosen by no token below
+    tokens, routing = [1, -1, 3, 1, 3], [[0, 1], [2, 0], [1, 2], [2, 2], [0, 1]]
+    clean = run_moe_batch(HpuPunicaWrapper(LoRAEngine(variant)), w, tokens, routing, torch.Generator().manual_seed(5))
+    dirty = run_moe_batch(HpuPunicaWrapper(LoRAEngine(variant)), poisoned, tokens, routing, torch.Generator().manual_seed(5))
+    for name in clean:
+        assert torch.equal(clean[name], dirty[name]), name
