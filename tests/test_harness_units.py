@@ -142,6 +142,14 @@ class TestReplay:
         assert all(torch.equal(values[k], read_values[k]) for k in values)
         check_values(read_case, read_values)
 
+    def test_an_moe_case_round_trips_with_its_routing(self, tmp_path, smoke):
+        case_id, case = next((i, c) for i, c in smoke if c.is_moe and c.expert_map and c.op == "fused_moe_lora")
+        values = make_values(case)
+        read_id, read_case, read_values, _ = read_replay(write_replay(tmp_path, case_id, case, values, target="reference"))
+        assert read_case == case and isinstance(read_case.topk_ids[0], tuple)  # nested tuples, not lists
+        assert all(torch.equal(values[k], read_values[k]) and values[k].dtype == read_values[k].dtype for k in values)
+        check_values(read_case, read_values)
+
     def test_values_that_do_not_fit_the_case_are_named(self, smoke):
         case = smoke[5][1]
         values = make_values(case)

@@ -92,7 +92,12 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
         slices = _moe_slices(draw, spec, family, limits)
     else:
         slices = _slices(draw, spec, family, limits, big_width=family.sized and not hidden_is_sized)
-    offset = draw(st.integers(1, 64)) if family.with_offset(draw, spec) else 0
+    if not family.with_offset(draw, spec):
+        offset = 0
+    elif moe:  # a fully sharded rank's columns start at shard width · tp_rank (vLLM's w2)
+        offset = draw(st.integers(1, 3)) * sum(slices)
+    else:
+        offset = draw(st.integers(1, 64))
     extra = draw(st.integers(1, 48)) if "wide" in spec.knobs and family.wide(draw) else 0
     add_inputs = family.add_inputs(draw) if "add_inputs" in spec.knobs else True
     scale = draw(st.sampled_from(SCALES)) if "scale" in spec.knobs and family.scaled(draw) else 1.0
