@@ -1,8 +1,9 @@
-"""``python -m benchmarks [all|ops|suite] [--quick | --smoke-test] [--threads N] [--docs DIR]``.
+"""``python -m benchmarks [all|ops|moe|suite] [--quick | --smoke-test] [--threads N] [--docs DIR]``.
 
 * ``ops``: the LoRA ops at Llama-3 shapes → ``docs/benchmarks.md`` (about 20 min; ``--quick`` a few);
+* ``moe``: the fused-MoE LoRA ops at Mixtral and Qwen3-MoE shapes → ``docs/benchmarks-moe.md`` (about 10 min; ``--quick``: T 1 and 64);
 * ``suite``: the suite's wall time on hpu-emulated → ``docs/benchmarks-suite.md`` (``--quick``: smoke only);
-* ``all`` (default): both;
+* ``all`` (default): all three;
 * ``--smoke-test``: tiny shapes and no suite runs, in-process, into ``--docs`` (CI checks the code path).
 """
 
@@ -11,15 +12,16 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
-from . import machine, ops, suite
+from . import machine, moe, ops, suite
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
-    parser.add_argument("part", nargs="?", choices=("all", "ops", "suite"), default="all")
+    parser.add_argument("part", nargs="?", choices=("all", "ops", "moe", "suite"), default="all")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="a few-minute subset")
     mode.add_argument("--smoke-test", action="store_true", help="tiny shapes, in-process, seconds (for CI)")
@@ -27,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch threads for the op measurements (default 1: the machine is shared, and "
                              "OpenMP threads competing with other jobs for 2 cores measure the contention)")
     parser.add_argument("--docs", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
-    parser.add_argument("--tokens", default=None, help="op subset: T values, comma-separated (default 1,64,2048,8192)")
+    parser.add_argument("--tokens", default=None, help="ops/moe subset: T values, comma-separated (default 1,64,2048,8192; moe 1,64,2048)")
     parser.add_argument("--adapters", default=None, help="op subset: adapter counts, comma-separated (default 1,8)")
     parser.add_argument("--profiles", default=None, help="suite profiles, comma-separated (default smoke,standard,release)")
     args = parser.parse_args(argv)
@@ -45,6 +47,18 @@ def main(argv: list[str] | None = None) -> int:
         lines = ops.report(results, skipped, plan, command, machine.describe(load, f"{args.threads} (torch.set_num_threads)"))
         (args.docs / "benchmarks.md").write_text("\n".join(lines))
         print(f"wrote {args.docs / 'benchmarks.md'}")
+    if args.part in ("all", "moe"):
+        load = machine.load_average()
+        plan = moe.SMOKE_TEST if args.smoke_test else moe.QUICK if args.quick else moe.FULL
+        if args.tokens:
+            plan = replace(plan, tokens=tuple(int(t) for t in args.tokens.split(",")))
+        start = time.perf_counter()
+        gemm = None if args.smoke_test else moe.gemm_rate(args.threads)
+        results, skipped = moe.run(plan, args.threads, in_process=args.smoke_test)
+        lines = moe.report(results, skipped, plan, command, machine.describe(load, f"{args.threads} (torch.set_num_threads)"),
+                           wall_s=time.perf_counter() - start, gemm_flops=gemm)
+        (args.docs / "benchmarks-moe.md").write_text("\n".join(lines))
+        print(f"wrote {args.docs / 'benchmarks-moe.md'}")
     if args.part in ("all", "suite") and not args.smoke_test:
         load = machine.load_average()
         profiles = tuple(args.profiles.split(",")) if args.profiles else ("smoke",) if args.quick else ("smoke", "standard", "release")

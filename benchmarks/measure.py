@@ -52,9 +52,11 @@ def repetitions(first_call_s: float) -> int:
     return 5 if first_call_s < 1 else 3 if first_call_s < 5 else 1
 
 
-def measure(workload: Workload, threads: int) -> dict:
+def measure(workload: Workload, threads: int, builder=build) -> dict:
+    """``builder(workload)`` makes the tensors and the zero-argument call (``workload.build`` by default;
+    the MoE benchmark passes ``moe_workload.build``)."""
     torch.set_num_threads(threads)
-    run = build(workload)
+    run = builder(workload)
     gc.collect()
     _release_free_memory()
     _reset_peak()
