@@ -1,8 +1,10 @@
 """The end-to-end cases as data: which batches, which checks, which dtypes, and which run in smoke.
 
-A batch mixes requests (a prompt and an adapter, or ``None`` for the base model). Every batch fills
-its ``max_loras`` slots (adapters take slots in order of first use), so a target that hands base
-requests the last slot's adapter has a non-empty last slot to hand them. The checks (``kind``):
+A batch mixes requests (a prompt and an adapter, or ``None`` for the base model) on one fixture model:
+the dense Llama, or the Mixtral whose adapters put LoRA on its experts (batches ``moe-*``, reported
+as the ops ``moe_<kind>``). Every batch fills its ``max_loras`` slots (adapters take slots in order of
+first use), so a target that hands base requests the last slot's adapter has a non-empty last slot to
+hand them. The checks (``kind``):
 
 * ``teacher_forced_logits``: per-position log-probabilities along the reference's continuation;
 * ``greedy_generation``: free-running greedy tokens against the reference's;
@@ -21,12 +23,23 @@ E2E_DTYPES = ("float32", "bfloat16", "float16")
 MAX_NEW_TOKENS = 16
 TOP_K = 5
 
+# The fixture models (conformance/fixtures/<model>) and the directory of each one's adapters.
+DENSE_MODEL = "tiny-llama"
+MOE_MODEL = "tiny-mixtral"  # 6 experts, top-2
+MODEL_ADAPTERS = {DENSE_MODEL: "adapters", MOE_MODEL: "moe-adapters"}
+
 # The fixture adapters (conformance/fixtures/adapters/<name>), by what makes each one different.
 ATTN = "attn-qv-r8"  # q and v only, rank 8
 ALL = "all-linear-r16-rslora"  # every linear module, rank 16, rsLoRA scaling
 MLP = "mlp-r6"  # gate/up/down, rank 6 (below the stack's max rank: zero padded)
 EMBED = "embed-head-r8"  # embedding, lm_head and o_proj
 ADAPTERS = (ATTN, ALL, MLP, EMBED)
+
+# The MoE model's adapters (conformance/fixtures/moe-adapters/<name>): PEFT target_parameters on the experts.
+EXPERTS = "moe-experts-r4"  # the experts only (gate_up_proj and down_proj), rank 4
+EXPERTS_ATTN = "moe-experts-attn-r8-rslora"  # the experts and q/k/v/o, rank 8, rsLoRA scaling
+MOE_ATTN = "moe-attn-qv-r6"  # q and v only: its slot has MoE LoRA disabled (adapter_enabled 0)
+MOE_ADAPTERS = (EXPERTS, EXPERTS_ATTN, MOE_ATTN)
 
 PROMPTS = (
     "Once upon a time",
@@ -37,16 +50,27 @@ PROMPTS = (
     "A",
 )
 
-# name → (requests as (prompt index, adapter), max_loras)
-BATCHES: dict[str, tuple[tuple[tuple[int, str | None], ...], int]] = {
+@dataclass(frozen=True)
+class Batch:
+    requests: tuple[tuple[int, str | None], ...]  # (prompt index, adapter)
+    max_loras: int
+    model: str = DENSE_MODEL
+
+
+BATCHES: dict[str, Batch] = {
     # four adapters and two base requests in one batch: the case vLLM's −1 bug breaks
-    "mixed": (((0, ATTN), (1, None), (2, ALL), (3, MLP), (4, None), (5, EMBED)), 4),
+    "mixed": Batch(((0, ATTN), (1, None), (2, ALL), (3, MLP), (4, None), (5, EMBED)), 4),
     # one slot, shared by the adapter requests; base requests around it
-    "one-slot": (((0, None), (1, ALL), (2, None), (3, ALL)), 1),
+    "one-slot": Batch(((0, None), (1, ALL), (2, None), (3, ALL)), 1),
     # no base request
-    "adapters-only": (((1, EMBED), (2, MLP), (3, ALL), (4, ATTN)), 4),
+    "adapters-only": Batch(((1, EMBED), (2, MLP), (3, ALL), (4, ATTN)), 4),
     # no adapter request at all (a target may take a no-LoRA shortcut; it must still be the base model)
-    "base-only": (((0, None), (3, None), (5, None)), 4),
+    "base-only": Batch(((0, None), (3, None), (5, None)), 4),
+    # the MoE model: slot 0's adapter has no expert LoRA (adapter_enabled 0), the last slot's has;
+    # two base requests, each expert adapter used twice
+    "moe-mixed": Batch(((0, MOE_ATTN), (1, None), (2, EXPERTS), (3, EXPERTS_ATTN), (4, None), (5, EXPERTS)), 3, MOE_MODEL),
+    # one slot, expert and attention LoRA, base requests around it
+    "moe-one-slot": Batch(((0, None), (1, EXPERTS_ATTN), (2, None), (3, EXPERTS_ATTN)), 1, MOE_MODEL),
 }
 
 
@@ -58,8 +82,17 @@ class E2ECase:
     smoke: bool
 
     @property
+    def model(self) -> str:
+        return BATCHES[self.batch].model
+
+    @property
+    def is_moe(self) -> bool:
+        return self.model == MOE_MODEL
+
+    @property
     def op(self) -> str:
-        return self.kind
+        """The report's op: the check, told apart for the MoE model (its own rows, its own expectations)."""
+        return f"moe_{self.kind}" if self.is_moe else self.kind
 
     @property
     def family(self) -> str:
@@ -73,11 +106,11 @@ class E2ECase:
 
     @property
     def requests(self) -> list[Request]:
-        return [Request(PROMPTS[prompt], adapter) for prompt, adapter in BATCHES[self.batch][0]]
+        return [Request(PROMPTS[prompt], adapter) for prompt, adapter in BATCHES[self.batch].requests]
 
     @property
     def max_loras(self) -> int:
-        return BATCHES[self.batch][1]
+        return BATCHES[self.batch].max_loras
 
     def features(self) -> frozenset[str]:
         """The op-level feature names that describe this batch (for expectations and the report)."""
@@ -94,6 +127,7 @@ class E2ECase:
     def to_json(self) -> dict:
         return {
             "kind": self.kind,
+            "model": self.model,
             "batch": self.batch,
             "dtype": self.dtype,
             "max_loras": self.max_loras,
@@ -102,17 +136,25 @@ class E2ECase:
         }
 
 
+# (kind, batch, dtype) of the smoke profile: teacher-forced and greedy on the mixed batches, in float32 and
+# (dense) bfloat16, and the dense batch invariance in float32
+SMOKE = frozenset(
+    {(kind, "mixed", dtype) for kind in KINDS[:2] for dtype in ("float32", "bfloat16")}
+    | {("batch_invariance", "mixed", "float32")}
+    | {(kind, "moe-mixed", "float32") for kind in KINDS[:2]}
+)
+
+
 def _all_cases() -> list[E2ECase]:
-    """Grouped by dtype, then by slot count, so a process switches engines as rarely as it can."""
+    """Grouped by model and dtype, then by slot count, so a process switches engines as rarely as it can."""
     cases = []
-    for dtype in E2E_DTYPES:
-        for batch in sorted(BATCHES, key=lambda name: -BATCHES[name][1]):
-            for kind in ("teacher_forced_logits", "greedy_generation"):
-                smoke = batch == "mixed" and dtype in ("float32", "bfloat16")
-                cases.append(E2ECase(kind, batch, dtype, smoke))
-            if batch == "mixed":
-                for kind in ("batch_invariance", "order_invariance"):
-                    cases.append(E2ECase(kind, batch, dtype, smoke=kind == "batch_invariance" and dtype == "float32"))
+    for model in MODEL_ADAPTERS:
+        for dtype in E2E_DTYPES:
+            batches = [name for name in BATCHES if BATCHES[name].model == model]
+            for batch in sorted(batches, key=lambda name: -BATCHES[name].max_loras):
+                # the invariance checks on the mixed batches only
+                for kind in KINDS if batch in ("mixed", "moe-mixed") else KINDS[:2]:
+                    cases.append(E2ECase(kind, batch, dtype, (kind, batch, dtype) in SMOKE))
     return cases
 
 

@@ -1,4 +1,10 @@
-"""The tiny Llama-style checkpoint the end-to-end cases run: its config, weights and tokenizer.
+"""The tiny checkpoints the end-to-end cases run: their config, weights and tokenizer.
+
+Two architectures: Llama (dense MLP) and Mixtral (every layer's MLP a set of experts with a top-k router;
+attention, norms, embedding and head as Llama's). A Mixtral checkpoint stores one tensor per expert
+(``block_sparse_moe.experts.<e>.w1/w2/w3``, as transformers 5's ``save_pretrained`` writes it and vLLM
+reads it); loading fuses them, as transformers does, into ``mlp.experts.gate_up_proj`` ``[E, 2I, H]``
+(gate rows, then up rows) and ``mlp.experts.down_proj`` ``[E, H, I]``, with the router as ``mlp.gate.weight``.
 
 Only safetensors weights are read (never pickles). A malformed file raises ``ValueError`` naming the
 file and the field, and how to regenerate the fixtures.
@@ -16,8 +22,21 @@ REGENERATE = "regenerate them with `python conformance/fixtures/make_fixtures.py
 
 
 @dataclass(frozen=True)
+class ExpertsConfig:
+    """A Mixtral MLP: ``num_experts`` SwiGLU experts (of width ``intermediate_size``), ``top_k`` per token.
+
+    The router takes the softmax of its logits over all experts, keeps the ``top_k`` largest and, with
+    ``norm_topk_prob`` (always, in Mixtral), divides them by their sum.
+    """
+
+    num_experts: int
+    top_k: int
+    norm_topk_prob: bool = True
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """The architecture numbers of a Llama-style decoder (``config.json``)."""
+    """The architecture numbers of a Llama-style decoder (``config.json``); ``experts`` for a Mixtral."""
 
     vocab_size: int
     hidden_size: int
@@ -29,6 +48,7 @@ class ModelConfig:
     rope_theta: float
     max_position_embeddings: int
     bos_token_id: int
+    experts: ExpertsConfig | None = None
 
     @property
     def head_dim(self) -> int:
@@ -41,20 +61,15 @@ class ModelConfig:
     @classmethod
     def read(cls, path: Path) -> ModelConfig:
         raw = read_json(path)
-        if raw.get("model_type") != "llama":
-            raise ValueError(f"{path}: field 'model_type' must be 'llama', got {raw.get('model_type')!r}")
+        model_type = raw.get("model_type")
+        if model_type not in _ARCHITECTURE_FIXED:
+            raise ValueError(f"{path}: field 'model_type' must be one of {sorted(_ARCHITECTURE_FIXED)}, got {model_type!r}")
         raw = {**raw, "rope_theta": _rope_theta(raw, path)}
-        for field, allowed in _ARCHITECTURE_FIXED.items():
+        for field, allowed in _ARCHITECTURE_FIXED[model_type].items():
             if raw.get(field, allowed) != allowed:
                 raise ValueError(f"{path}: field {field!r} is {raw[field]!r}; the suite's decoder implements only {allowed!r}")
-        values = {}
-        for name, kind in cls.__annotations__.items():
-            if name not in raw:
-                raise ValueError(f"{path}: missing field {name!r}; {REGENERATE}")
-            values[name] = float(raw[name]) if kind == "float" else raw[name]
-            if kind == "int" and not isinstance(values[name], int):
-                raise ValueError(f"{path}: field {name!r} must be an integer, got {raw[name]!r}")
-        config = cls(**values)
+        fields = {name: kind for name, kind in cls.__annotations__.items() if name != "experts"}
+        config = cls(**_read_fields(raw, path, fields), experts=_experts(raw, path) if model_type == "mixtral" else None)
         if config.hidden_size % config.num_attention_heads or config.num_attention_heads % config.num_key_value_heads:
             raise ValueError(f"{path}: hidden_size, num_attention_heads and num_key_value_heads do not divide evenly")
         if raw.get("head_dim", config.head_dim) != config.head_dim:
@@ -62,14 +77,32 @@ class ModelConfig:
         return config
 
 
-# Architecture switches the decoder does not implement: anything else is refused, not approximated.
+# Per model_type, the architecture switches the decoder does not implement: anything else is refused,
+# not approximated (the router's jitter noise acts only in training).
 _ARCHITECTURE_FIXED = {
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "mlp_bias": False,
-    "tie_word_embeddings": False,
-    "pretraining_tp": 1,
+    "llama": {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "pretraining_tp": 1},
+    "mixtral": {"hidden_act": "silu", "tie_word_embeddings": False, "sliding_window": None},
 }
+
+
+def _read_fields(raw: dict, path: Path, fields: dict[str, str]) -> dict:
+    """``fields`` (name → "int" or "float") read from ``raw``; a missing or mistyped one names itself."""
+    values = {}
+    for name, kind in fields.items():
+        if name not in raw:
+            raise ValueError(f"{path}: missing field {name!r}; {REGENERATE}")
+        values[name] = float(raw[name]) if kind == "float" else raw[name]
+        if kind == "int" and not isinstance(values[name], int):
+            raise ValueError(f"{path}: field {name!r} must be an integer, got {raw[name]!r}")
+    return values
+
+
+def _experts(raw: dict, path: Path) -> ExpertsConfig:
+    values = _read_fields(raw, path, {"num_local_experts": "int", "num_experts_per_tok": "int"})
+    experts, top_k = values["num_local_experts"], values["num_experts_per_tok"]
+    if not 0 < top_k <= experts:
+        raise ValueError(f"{path}: field 'num_experts_per_tok' is {top_k}; it must be in 1..num_local_experts ({experts})")
+    return ExpertsConfig(experts, top_k)
 
 
 def _rope_theta(raw: dict, path: Path) -> float:
@@ -96,6 +129,8 @@ class Checkpoint:
         path = Path(path)
         config = ModelConfig.read(path / "config.json")
         weights = read_safetensors(path / "model.safetensors")
+        if config.experts is not None:
+            weights = _fuse_experts(weights, config, path / "model.safetensors")
         checkpoint = cls(path, config, weights)
         checkpoint._check_shapes()
         return checkpoint
@@ -106,7 +141,7 @@ class Checkpoint:
                     "lm_head.weight": (c.vocab_size, c.hidden_size)}
         for layer in range(c.num_hidden_layers):
             for name, shape in layer_shapes(c).items():
-                expected[f"model.layers.{layer}.{name}.weight"] = shape
+                expected[f"model.layers.{layer}.{name}"] = shape
         for name, shape in expected.items():
             if name not in self.weights:
                 raise ValueError(f"{self.path / 'model.safetensors'}: missing tensor {name!r}; {REGENERATE}")
@@ -125,20 +160,47 @@ class Checkpoint:
         return Tokenizer.from_file(str(self.path / "tokenizer.json"))
 
 
-def layer_shapes(config: ModelConfig) -> dict[str, tuple[int, int] | tuple[int]]:
-    """Weight shapes of one decoder layer, by module name (HF Llama naming)."""
+def layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Weight shapes of one decoder layer, by tensor name (transformers' in-memory naming)."""
     h, i, kv = config.hidden_size, config.intermediate_size, config.kv_width
+    if config.experts is None:
+        mlp = {"mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i)}
+    else:
+        e = config.experts.num_experts
+        mlp = {"mlp.gate.weight": (e, h), "mlp.experts.gate_up_proj": (e, 2 * i, h), "mlp.experts.down_proj": (e, h, i)}
     return {
-        "self_attn.q_proj": (h, h),
-        "self_attn.k_proj": (kv, h),
-        "self_attn.v_proj": (kv, h),
-        "self_attn.o_proj": (h, h),
-        "mlp.gate_proj": (i, h),
-        "mlp.up_proj": (i, h),
-        "mlp.down_proj": (h, i),
-        "input_layernorm": (h,),
-        "post_attention_layernorm": (h,),
+        "self_attn.q_proj.weight": (h, h),
+        "self_attn.k_proj.weight": (kv, h),
+        "self_attn.v_proj.weight": (kv, h),
+        "self_attn.o_proj.weight": (h, h),
+        **mlp,
+        "input_layernorm.weight": (h,),
+        "post_attention_layernorm.weight": (h,),
     }
+
+
+def _fuse_experts(weights: dict[str, torch.Tensor], config: ModelConfig, where: Path) -> dict[str, torch.Tensor]:
+    """Per-expert Mixtral tensors (w1 gate, w3 up, w2 down) as transformers' fused expert parameters."""
+    fused = dict(weights)
+
+    def take(name: str) -> torch.Tensor:
+        if name not in fused:
+            raise ValueError(f"{where}: missing tensor {name!r}; {REGENERATE}")
+        return fused.pop(name)
+
+    for layer in range(config.num_hidden_layers):
+        old, new = f"model.layers.{layer}.block_sparse_moe.", f"model.layers.{layer}.mlp."
+        fused[new + "gate.weight"] = take(old + "gate.weight")
+        experts = [{w: take(f"{old}experts.{e}.{w}.weight") for w in ("w1", "w3", "w2")} for e in range(config.experts.num_experts)]
+        try:
+            fused[new + "experts.gate_up_proj"] = torch.stack([torch.cat([x["w1"], x["w3"]]) for x in experts])
+            fused[new + "experts.down_proj"] = torch.stack([x["w2"] for x in experts])
+        except RuntimeError as exc:  # experts of unequal shapes
+            raise ValueError(f"{where}: the experts of layer {layer} do not stack: {exc}") from None
+    leftover = sorted(name for name in fused if ".block_sparse_moe." in name)
+    if leftover:
+        raise ValueError(f"{where}: tensor {leftover[0]!r} is not one of the config's {config.experts.num_experts} experts")
+    return fused
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -168,6 +230,11 @@ def linear_shape(config: ModelConfig, module: str) -> tuple[int, int]:
     if module == "lm_head":
         return config.vocab_size, config.hidden_size
     for name, shape in layer_shapes(config).items():
-        if name.endswith("." + module) and len(shape) == 2:
+        if name.endswith(f".{module}.weight") and len(shape) == 2:
             return shape
     raise KeyError(f"no linear module named {module!r}")
+
+
+def expert_shape(config: ModelConfig, parameter: str) -> tuple[int, int, int]:
+    """``(experts, out_features, in_features)`` of a fused expert parameter (``gate_up_proj``, ``down_proj``)."""
+    return layer_shapes(config)[f"mlp.experts.{parameter}"]

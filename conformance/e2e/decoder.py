@@ -1,18 +1,25 @@
 """The suite's own small decoder: a Llama-style model whose every LoRA delta goes through a target.
 
-The base model is plain PyTorch (RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP). The LoRA
-parts are exactly the calls a vLLM model makes on its PunicaWrapper, so running this decoder on a target
-exercises that target's wrapper methods end to end, without vLLM:
+The base model is plain PyTorch (RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP, or for a
+Mixtral a top-k router over SwiGLU experts). The LoRA parts are exactly the calls a vLLM model makes on
+its PunicaWrapper, so running this decoder on a target exercises that target's wrapper methods end to
+end, without vLLM:
 
 * embedding: the layer looks up each token's LoRA-A row (base tokens look up slot 0's row, as vLLM's
   ``embeddings_indices`` do; the target must not apply it), then ``add_lora_embedding``;
 * every layer: ``add_lora_linear`` on the packed ``qkv_proj`` (3 slices), ``o_proj``, the packed
   ``gate_up_proj`` (2 slices) and ``down_proj``, with ``scale=1`` (scalings are folded into B);
+* a Mixtral layer's experts instead of the MLP: the router (softmax over all experts, the top-k, their
+  weights renormalized) in plain torch, each chosen expert's gate/up projection, then
+  ``add_lora_w13`` on it (one fused ``2·I`` slice, routing weights not applied), SiLU-and-multiply, the
+  down projection times the routing weight, ``add_lora_w2`` on it (routing weight applied), and the
+  sum over the choices (docs/moe.md);
 * logits: ``add_lora_logits`` over the sampled rows only, with their own slots.
 
 Numerics: weights, activations and the KV cache are in the run's dtype; norms, rotary embedding, the
-attention softmax and the logits' log-softmax are computed in float32 (float64 for a float64 run), as
-vLLM and transformers do. A batch is packed as vLLM packs it: the new tokens of every sequence, one
+attention and router softmaxes and the logits' log-softmax are computed in float32 (float64 for a
+float64 run), as vLLM and transformers do; routing weights are float32 (as transformers' and vLLM's
+routers give them), also in a float64 run. A batch is packed as vLLM packs it: the new tokens of every sequence, one
 after the other, with one LoRA mapping per forward pass.
 """
 
@@ -25,8 +32,8 @@ import torch
 
 from conformance.reference.mapping import LoRAMapping
 
-from .checkpoint import Checkpoint
-from .lora_stacks import PACKED_MODULES, LoRAStacks
+from .checkpoint import Checkpoint, layer_shapes
+from .lora_stacks import ExpertsSite, LoRAStacks, packed_modules
 
 
 @dataclass
@@ -86,15 +93,18 @@ class LoRADecoder:
         self.layers = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
-            module = {"self_attn." + m for m in ("q_proj", "k_proj", "v_proj", "o_proj")}
-            module |= {"mlp." + m for m in ("gate_proj", "up_proj", "down_proj")}
-            weight = {name.split(".")[1]: w[p + name + ".weight"] for name in module}
-            self.layers.append({
+            # the linear modules by short name (q_proj, …, down_proj; a Mixtral's router is "gate")
+            weight = {name.split(".")[-2]: w[p + name] for name, shape in layer_shapes(config).items() if len(shape) == 2}
+            layer = {
                 "input_norm": w[p + "input_layernorm.weight"],
                 "post_attention_norm": w[p + "post_attention_layernorm.weight"],
                 # packed like vLLM's QKVParallelLinear / MergedColumnParallelLinear
-                **{packed: torch.cat([weight[m] for m in parts]) for packed, parts in PACKED_MODULES.items()},
-            })
+                **{packed: torch.cat([weight[m] for m in parts]) for packed, parts in packed_modules(config).items()},
+            }
+            if config.experts is not None:
+                layer |= {"router": weight["gate"], "experts.gate_up_proj": w[p + "mlp.experts.gate_up_proj"],
+                          "experts.down_proj": w[p + "mlp.experts.down_proj"]}
+            self.layers.append(layer)
         head_dim = config.head_dim
         exponent = torch.arange(0, head_dim, 2, dtype=self.compute_dtype) / head_dim
         self.inv_freq = (1.0 / config.rope_theta**exponent).to(device)
@@ -142,10 +152,43 @@ class LoRADecoder:
         self.wrapper.add_lora_linear(y, x, site.lora_a, site.lora_b, 1.0, site.output_slices)
         return y
 
+    def mlp(self, x: torch.Tensor, layer: dict, stacks: LoRAStacks, index: int, routing: torch.Tensor) -> torch.Tensor:
+        """The SwiGLU MLP (packed gate/up, then down), or a Mixtral's experts (which lower ``routing``)."""
+        if self.config.experts is not None:
+            return self.experts(x, layer, stacks.experts[index], routing)
+        gate, up = self.linear(x, layer["gate_up_proj"], stacks, index, "gate_up_proj").chunk(2, -1)
+        return self.linear(torch.nn.functional.silu(gate) * up, layer["down_proj"], stacks, index, "down_proj")
+
+    def experts(self, x: torch.Tensor, layer: dict, site: ExpertsSite, routing: torch.Tensor) -> torch.Tensor:
+        """The MoE MLP of ``x`` ``[T, hidden]``: each token's top-k experts, their LoRA deltas added by the target.
+
+        ``routing`` (per token) is lowered to the gap between the k-th and (k+1)-th router logits.
+        """
+        c, compute = self.config.experts, self.compute_dtype
+        router_logits = (x @ layer["router"].T).to(compute)
+        if c.top_k < c.num_experts:
+            ranked = router_logits.topk(c.top_k + 1, -1).values
+            torch.minimum(routing, ranked[:, -2] - ranked[:, -1], out=routing)
+        weights, ids = torch.softmax(router_logits, -1).topk(c.top_k, -1)
+        if c.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdim=True)
+        topk_ids, topk_weights = ids.to(torch.int32), weights.to(torch.float32)
+        # the base experts, one product per (token, choice): gate/up [T, top_k, 2·I]
+        gate_up = (layer["experts.gate_up_proj"][ids] @ x[:, None, :, None]).squeeze(-1)
+        self.wrapper.add_lora_w13(gate_up, x, site.w13_lora_a, site.w13_lora_b, topk_ids, topk_weights, site.adapter_enabled)
+        gate, up = gate_up.chunk(2, -1)
+        activated = torch.nn.functional.silu(gate) * up  # [T, top_k, I]; row t·top_k + k of the w2 input
+        down = (layer["experts.down_proj"][ids] @ activated[..., None]).squeeze(-1)  # [T, top_k, hidden]
+        down = (down.to(compute) * topk_weights.to(compute)[..., None]).to(self.dtype)
+        self.wrapper.add_lora_w2(down, activated.reshape(-1, activated.size(-1)), site.w2_lora_a, site.w2_lora_b,
+                                 topk_ids, topk_weights, site.adapter_enabled)
+        return down.sum(1)
+
     # -- one forward pass ----------------------------------------------------------------------
 
-    def forward(self, batch: ForwardBatch, stacks: LoRAStacks) -> torch.Tensor:
-        """Logits ``[sampled rows, vocab]`` (compute dtype) of the batch's sampled rows."""
+    def forward(self, batch: ForwardBatch, stacks: LoRAStacks) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``[sampled rows, vocab]`` (compute dtype) of the batch's sampled rows, and each sampled
+        row's routing margin (compute dtype; inf without experts: see :class:`conformance.e2e.generation.Step`)."""
         self.wrapper.update_metadata(batch.mapping())
         c = self.config
         tokens = torch.tensor([t for seq in batch.new_tokens for t in seq], dtype=torch.long, device=self.device)
@@ -155,6 +198,7 @@ class LoRADecoder:
         lora_a_rows = stacks.embedding_a.reshape(-1, stacks.max_rank)[lookup]
         self.wrapper.add_lora_embedding(x, lora_a_rows, stacks.embedding_b, add_inputs=True)
         q_width, kv_width = c.hidden_size, c.kv_width
+        routing = torch.full((len(tokens),), math.inf, dtype=self.compute_dtype, device=self.device)  # no float64 on HPU
         for index, layer in enumerate(self.layers):
             h = self.rms_norm(x, layer["input_norm"])
             qkv = self.linear(h, layer["qkv_proj"], stacks, index, "qkv_proj")
@@ -165,12 +209,11 @@ class LoRADecoder:
                 outputs.append(self.attention(q[rows], k[rows], v[rows], cache, index, batch.positions[seq]))
                 start += len(new)
             x = x + self.linear(torch.cat(outputs), layer["o_proj"], stacks, index, "o_proj")
-            h = self.rms_norm(x, layer["post_attention_norm"])
-            gate, up = self.linear(h, layer["gate_up_proj"], stacks, index, "gate_up_proj").chunk(2, -1)
-            x = x + self.linear(torch.nn.functional.silu(gate) * up, layer["down_proj"], stacks, index, "down_proj")
-        h = self.rms_norm(x, self.final_norm)[batch.sampled_rows()]
+            x = x + self.mlp(self.rms_norm(x, layer["post_attention_norm"]), layer, stacks, index, routing)
+        sampled = batch.sampled_rows()
+        h = self.rms_norm(x, self.final_norm)[sampled]
         logits = h @ self.lm_head.T
         head = stacks.lm_head
         self.wrapper.add_lora_logits(logits, h, head.lora_a[0], head.lora_b[0], 1.0)
         self.wrapper.synchronize()
-        return logits.to("cpu", self.compute_dtype)
+        return logits.to("cpu", self.compute_dtype), routing[sampled].cpu()

@@ -43,9 +43,9 @@ class DecoderEngine:
         for step in range(max_new_tokens):
             sampled = [[len(tokens) - 1] for tokens in new_tokens]
             batch = ForwardBatch(new_tokens, request_slots, caches, sampled, is_prefill=step == 0, num_slots=max_loras)
-            logits = self.decoder.forward(batch, stacks)
+            logits, routing = self.decoder.forward(batch, stacks)
             for row, taken in enumerate(steps):
-                taken.append(Step.from_logits(logits[row], None, top_k))
+                taken.append(Step.from_logits(logits[row], None, top_k, routing[row]))
             new_tokens = [[taken[-1].token] for taken in steps]
         return [Generation(r, tuple(p), tuple(s)) for r, p, s in zip(requests, prompts, steps)]
 
@@ -57,10 +57,10 @@ class DecoderEngine:
         fed = [p + list(c[:-1]) for p, c in zip(prompts, continuations)]
         sampled = [list(range(len(p) - 1, len(p) - 1 + len(c))) for p, c in zip(prompts, continuations)]
         caches = [SequenceCache.empty(self.checkpoint.config.num_hidden_layers) for _ in requests]
-        logits = self.decoder.forward(ForwardBatch(fed, request_slots, caches, sampled, True, max_loras), stacks)
+        logits, routing = self.decoder.forward(ForwardBatch(fed, request_slots, caches, sampled, True, max_loras), stacks)
         generations, row = [], 0
         for request, prompt, continuation in zip(requests, prompts, continuations):
-            steps = tuple(Step.from_logits(logits[row + i], token, top_k) for i, token in enumerate(continuation))
+            steps = tuple(Step.from_logits(logits[row + i], token, top_k, routing[row + i]) for i, token in enumerate(continuation))
             generations.append(Generation(request, tuple(prompt), steps))
             row += len(continuation)
         return generations

@@ -7,6 +7,7 @@ alternatives, so that the comparison in :mod:`conformance.e2e.compare` is the sa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -23,11 +24,17 @@ class Request:
 
 @dataclass(frozen=True)
 class Step:
-    """One position: the token taken there, its log-probability and the top-k ``(token, logprob)``."""
+    """One position: the token taken there, its log-probability and the top-k ``(token, logprob)``.
+
+    ``routing_margin`` (MoE models, the suite's decoder): the smallest gap, over the layers, between the
+    router's k-th and (k+1)-th logits at the token this position's logits are computed from; where it is
+    tiny, either expert choice is right (inf: no router, or not reported).
+    """
 
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...]
+    routing_margin: float = math.inf
 
     @property
     def margin(self) -> float:
@@ -35,12 +42,12 @@ class Step:
         return self.top[0][1] - self.top[1][1] if len(self.top) > 1 else float("inf")
 
     @classmethod
-    def from_logits(cls, logits: torch.Tensor, token: int | None, top_k: int) -> Step:
+    def from_logits(cls, logits: torch.Tensor, token: int | None, top_k: int, routing_margin: float = math.inf) -> Step:
         """From one row of logits; ``token=None`` takes the argmax (greedy)."""
         logprobs = torch.log_softmax(logits.double(), -1)
         values, indices = logprobs.topk(top_k)
         chosen = int(indices[0]) if token is None else token
-        return cls(chosen, float(logprobs[chosen]), tuple(zip(indices.tolist(), values.tolist())))
+        return cls(chosen, float(logprobs[chosen]), tuple(zip(indices.tolist(), values.tolist())), float(routing_margin))
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,11 @@ and ``[num_slots, 1, out, rank]`` (B), zero where a slot is empty, where its ada
 the module, and in the rank columns beyond the adapter's own rank. The adapter's scaling is folded into
 B (in float64, then rounded once to the run's dtype), as vLLM does when it loads an adapter, so the
 wrapper methods are called with ``scale=1``.
+
+A Mixtral layer has no dense MLP: its experts are one ``add_lora_w13`` and one ``add_lora_w2`` call
+(docs/moe.md), with per-expert stacks ``[num_slots, E, rank, in]`` and ``[num_slots, E, out, rank]``.
+PEFT's adapters on the fused ``gate_up_proj`` are one slice of width ``2·I`` (vLLM's
+``FusedMoE3DWithLoRA``), and ``adapter_enabled[slot]`` is 1 where the slot's adapter has expert LoRA.
 """
 
 from __future__ import annotations
@@ -14,16 +19,24 @@ from dataclasses import dataclass
 
 import torch
 
-from .adapters import Adapter, ModuleDelta
-from .checkpoint import ModelConfig, linear_shape
+from .adapters import EXPERT_PARAMETERS, Adapter, ModuleDelta
+from .checkpoint import ModelConfig, expert_shape, linear_shape
 
 # Call sites of a decoder layer: packed module → the sub-modules that are its output slices.
-PACKED_MODULES = {
+ATTENTION_MODULES = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
     "o_proj": ("o_proj",),
+}
+PACKED_MODULES = {
+    **ATTENTION_MODULES,
     "gate_up_proj": ("gate_proj", "up_proj"),
     "down_proj": ("down_proj",),
 }
+
+
+def packed_modules(model: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """The ``add_lora_linear`` call sites of one layer: a Mixtral's MLP is its experts instead."""
+    return PACKED_MODULES if model.experts is None else ATTENTION_MODULES
 
 
 @dataclass(frozen=True)
@@ -36,6 +49,17 @@ class LinearSite:
 
 
 @dataclass(frozen=True)
+class ExpertsSite:
+    """The LoRA arguments of one layer's ``add_lora_w13`` and ``add_lora_w2`` calls."""
+
+    w13_lora_a: tuple[torch.Tensor, ...]  # ([slots, E, rank, hidden],): one fused gate/up slice
+    w13_lora_b: tuple[torch.Tensor, ...]  # ([slots, E, 2·I, rank],)
+    w2_lora_a: tuple[torch.Tensor, ...]  # ([slots, E, rank, I],)
+    w2_lora_b: tuple[torch.Tensor, ...]  # ([slots, E, hidden, rank],)
+    adapter_enabled: torch.Tensor  # int32 [slots + 1]: 1 where the slot's adapter has expert LoRA here
+
+
+@dataclass(frozen=True)
 class LoRAStacks:
     slots: tuple[str | None, ...]  # adapter name per slot (None = empty slot)
     max_rank: int
@@ -43,6 +67,7 @@ class LoRAStacks:
     embedding_a: torch.Tensor  # [num_slots, vocab, rank]: the rows the layer looks up per token
     embedding_b: torch.Tensor  # [num_slots, 1, hidden, rank]
     lm_head: LinearSite
+    experts: tuple[ExpertsSite, ...] = ()  # per layer, for a Mixtral
 
     @property
     def num_slots(self) -> int:
@@ -52,26 +77,36 @@ class LoRAStacks:
     def build(cls, adapters: tuple[Adapter | None, ...], model: ModelConfig, dtype: torch.dtype, device) -> LoRAStacks:
         max_rank = max((a.rank for a in adapters if a is not None), default=1)
 
+        def stack(layer: int | None, module: str, shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+            return _stack(adapters, layer, module, shape, max_rank, dtype, device)
+
         def site(layer: int | None, modules: tuple[str, ...]) -> LinearSite:
-            stacks = [_linear_stack(adapters, layer, m, linear_shape(model, m), max_rank, dtype, device) for m in modules]
+            stacks = [stack(layer, m, (1, *linear_shape(model, m))) for m in modules]
             return LinearSite(
                 lora_a=tuple(a for a, _ in stacks),
                 lora_b=tuple(b for _, b in stacks),
                 output_slices=tuple(b.size(2) for _, b in stacks),
             )
 
+        def experts_site(layer: int) -> ExpertsSite:
+            (w13_a, w13_b), (w2_a, w2_b) = (stack(layer, f"experts.{p}", expert_shape(model, p)) for p in EXPERT_PARAMETERS)
+            enabled = [int(a is not None and any(a.delta(layer, f"experts.{p}") for p in EXPERT_PARAMETERS)) for a in adapters]
+            return ExpertsSite((w13_a,), (w13_b,), (w2_a,), (w2_b,), torch.tensor(enabled + [0], dtype=torch.int32, device=device))
+
         layers = tuple(
-            {packed: site(layer, modules) for packed, modules in PACKED_MODULES.items()}
+            {packed: site(layer, modules) for packed, modules in packed_modules(model).items()}
             for layer in range(model.num_hidden_layers)
         )
-        embedding_a, embedding_b = _embedding_stack(adapters, model, max_rank, dtype, device)
+        # PEFT's embedding A is [r, vocab]: stacked like a linear A, then transposed into rows per token
+        embedding_a, embedding_b = stack(None, "embed_tokens", (1, model.hidden_size, model.vocab_size))
         return cls(
             slots=tuple(a.name if a is not None else None for a in adapters),
             max_rank=max_rank,
             layers=layers,
-            embedding_a=embedding_a,
+            embedding_a=embedding_a[:, 0].transpose(1, 2).contiguous(),
             embedding_b=embedding_b,
             lm_head=site(None, ("lm_head",)),
+            experts=tuple(experts_site(layer) for layer in range(model.num_hidden_layers)) if model.experts else (),
         )
 
 
@@ -79,24 +114,14 @@ def _scaled_b(adapter: Adapter, delta: ModuleDelta) -> torch.Tensor:
     return delta.b.double() * adapter.scaling
 
 
-def _linear_stack(adapters, layer, module, shape, max_rank, dtype, device):
-    out_features, in_features = shape
-    a_stack = torch.zeros(len(adapters), 1, max_rank, in_features, dtype=torch.float64)
-    b_stack = torch.zeros(len(adapters), 1, out_features, max_rank, dtype=torch.float64)
+def _stack(adapters, layer, module, shape, max_rank, dtype, device):
+    """A and B stacks of one module, ``shape = (experts, out, in)``: a dense module is one expert."""
+    experts, out_features, in_features = shape
+    a_stack = torch.zeros(len(adapters), experts, max_rank, in_features, dtype=torch.float64)
+    b_stack = torch.zeros(len(adapters), experts, out_features, max_rank, dtype=torch.float64)
     for slot, adapter in enumerate(adapters):
         delta = adapter.delta(layer, module) if adapter is not None else None
-        if delta is not None:
-            a_stack[slot, 0, : adapter.rank] = delta.a.double()
-            b_stack[slot, 0, :, : adapter.rank] = _scaled_b(adapter, delta)
+        if delta is not None:  # a dense delta ([r, in], [out, r]) broadcasts over the one expert
+            a_stack[slot, :, : adapter.rank] = delta.a.double()
+            b_stack[slot, :, :, : adapter.rank] = _scaled_b(adapter, delta)
     return a_stack.to(device=device, dtype=dtype), b_stack.to(device=device, dtype=dtype)
-
-
-def _embedding_stack(adapters, model: ModelConfig, max_rank, dtype, device):
-    a_rows = torch.zeros(len(adapters), model.vocab_size, max_rank, dtype=torch.float64)
-    b_stack = torch.zeros(len(adapters), 1, model.hidden_size, max_rank, dtype=torch.float64)
-    for slot, adapter in enumerate(adapters):
-        delta = adapter.delta(None, "embed_tokens") if adapter is not None else None
-        if delta is not None:
-            a_rows[slot, :, : adapter.rank] = delta.a.double().T  # PEFT's A is [r, vocab]
-            b_stack[slot, 0, :, : adapter.rank] = _scaled_b(adapter, delta)
-    return a_rows.to(device=device, dtype=dtype), b_stack.to(device=device, dtype=dtype)

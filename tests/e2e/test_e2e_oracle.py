@@ -4,6 +4,9 @@ Before any target is compared with the reference end to end, the reference itsel
 for the base model and every fixture adapter, the decoder's log-probabilities match PEFT's (each
 request run alone, the adapter applied by PEFT's own LoRA layers), and so does a mixed batch in which
 every request has its own adapter or none (the decoder packs it; PEFT runs each request by itself).
+
+Both fixture models: the dense Llama, and the Mixtral whose adapters put LoRA on its fused experts
+(PEFT's ``target_parameters``), which the decoder runs through ``add_lora_w13``/``add_lora_w2``.
 """
 
 from __future__ import annotations
@@ -13,16 +16,29 @@ import warnings
 import pytest
 import torch
 
-from conformance.e2e.cases import PROMPTS
+from conformance.e2e.cases import (
+    ADAPTERS,
+    DENSE_MODEL,
+    EXPERTS,
+    EXPERTS_ATTN,
+    MOE_ADAPTERS,
+    MOE_ATTN,
+    MOE_MODEL,
+    PROMPTS,
+)
 from conformance.e2e.decoder_engine import DecoderEngine
 from conformance.e2e.generation import Request
-from conformance.e2e.run import E2ERunner
+from conformance.e2e.run import E2ERunner, FixtureModel
 from conformance.targets.reference import ReferenceTarget
 
 transformers = pytest.importorskip("transformers", reason="the oracle needs the e2e extra (transformers, peft)")
 peft = pytest.importorskip("peft", reason="the oracle needs the e2e extra (transformers, peft)")
 
 NEW_TOKENS = 12
+MIXED = {  # a batch per model: every adapter, and base requests
+    DENSE_MODEL: ([None, "attn-qv-r8", None, "all-linear-r16-rslora", "mlp-r6", "embed-head-r8"], 4),
+    MOE_MODEL: ([None, EXPERTS, MOE_ATTN, None, EXPERTS_ATTN, EXPERTS], 3),
+}
 
 
 @pytest.fixture(scope="module")
@@ -30,29 +46,35 @@ def runner() -> E2ERunner:
     return E2ERunner(ReferenceTarget())
 
 
-def peft_logprobs(runner: E2ERunner, adapter: str | None, ids: list[int]) -> torch.Tensor:
-    """log-softmax of the logits at every position, by transformers (+ PEFT for an adapter), float64."""
+def peft_logprobs(fixture: FixtureModel, adapter: str | None, ids: list[int]) -> torch.Tensor:
+    """log-softmax of the logits at every position, by transformers (+ PEFT for an adapter), float64.
+
+    The experts run transformers' eager loop (its default grouped_mm takes no float64).
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_pretrained(runner.checkpoint.path, dtype=torch.float64)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            fixture.checkpoint.path, dtype=torch.float64, experts_implementation="eager")
         if adapter is not None:
-            model = peft.PeftModel.from_pretrained(model, runner.adapter_dirs[adapter])
+            model = peft.PeftModel.from_pretrained(model, fixture.adapter_dirs[adapter])
     model.eval()
     with torch.no_grad():
         return torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
 
 
-@pytest.mark.parametrize("adapter", [None, "attn-qv-r8", "all-linear-r16-rslora", "mlp-r6", "embed-head-r8"])
-def test_decoder_matches_peft_for_base_and_every_adapter(runner, adapter):
+@pytest.mark.parametrize(("model", "adapter"), [(DENSE_MODEL, a) for a in (None, *ADAPTERS)] + [(MOE_MODEL, a) for a in (None, *MOE_ADAPTERS)])
+def test_decoder_matches_peft_for_base_and_every_adapter(runner, model, adapter):
+    fixture = runner.model(model)
     requests = [Request(prompt, adapter) for prompt in PROMPTS[:3]]
-    generations = runner.reference.generate(requests, NEW_TOKENS, 5, max_loras=1)
+    generations = fixture.reference.generate(requests, NEW_TOKENS, 5, max_loras=1)
     for generation in generations:
         ids = list(generation.prompt_ids) + list(generation.tokens)
-        oracle = peft_logprobs(runner, adapter, ids)
+        oracle = peft_logprobs(fixture, adapter, ids)
         start = len(generation.prompt_ids) - 1
         for step, taken in enumerate(generation.steps):
             row = oracle[start + step]
-            # transformers computes the rotary tables in float32 even for a float64 model: ~1e-6 apart
+            # transformers computes the rotary tables (and a Mixtral its router softmax) in float32 even
+            # for a float64 model: ~1e-6 apart
             assert abs(row[taken.token].item() - taken.logprob) < 1e-4, (adapter, generation.request.prompt, step)
             # greedy: PEFT's argmax is the decoder's token wherever PEFT's top-2 margin is not a tie
             top2 = row.topk(2).values
@@ -60,31 +82,36 @@ def test_decoder_matches_peft_for_base_and_every_adapter(runner, adapter):
                 assert int(row.argmax()) == taken.token, (adapter, generation.request.prompt, step)
 
 
-def test_mixed_batch_matches_peft_per_request(runner):
-    names = [None, "attn-qv-r8", None, "all-linear-r16-rslora", "mlp-r6", "embed-head-r8"]
+@pytest.mark.parametrize("model", [DENSE_MODEL, MOE_MODEL])
+def test_mixed_batch_matches_peft_per_request(runner, model):
+    fixture, (names, max_loras) = runner.model(model), MIXED[model]
     requests = [Request(prompt, name) for prompt, name in zip(PROMPTS, names)]
-    batch = runner.reference.generate(requests, NEW_TOKENS, 5, max_loras=4)
+    batch = fixture.reference.generate(requests, NEW_TOKENS, 5, max_loras=max_loras)
     for generation in batch:
         ids = list(generation.prompt_ids) + list(generation.tokens)
-        oracle = peft_logprobs(runner, generation.request.adapter, ids)
+        oracle = peft_logprobs(fixture, generation.request.adapter, ids)
         start = len(generation.prompt_ids) - 1
         got = torch.tensor([step.logprob for step in generation.steps], dtype=torch.float64)
         want = oracle[start : start + len(generation.steps)].gather(1, torch.tensor(generation.tokens)[:, None])[:, 0]
         torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
 
 
-def test_every_adapter_changes_the_output(runner):
+@pytest.mark.parametrize("model", [DENSE_MODEL, MOE_MODEL])
+def test_every_adapter_changes_the_output(runner, model):
     """Otherwise a target that drops an adapter (or hands base requests one) could pass unseen."""
-    prompt = PROMPTS[0]
-    outputs = {name: runner.reference.generate([Request(prompt, name)], NEW_TOKENS, 5, 1)[0].tokens
-               for name in [None, *runner.adapters]}
+    fixture, prompt = runner.model(model), PROMPTS[0]
+    outputs = {name: fixture.reference.generate([Request(prompt, name)], NEW_TOKENS, 5, 1)[0].tokens
+               for name in [None, *fixture.adapters]}
     assert len(set(outputs.values())) == len(outputs), outputs
 
 
-def test_float32_decoder_is_within_the_float32_tolerance_of_float64(runner):
-    engine = DecoderEngine(ReferenceTarget(), runner.checkpoint, runner.adapters, torch.float32)
-    requests = [Request(p, n) for p, n in zip(PROMPTS, [None, "attn-qv-r8", "mlp-r6", "embed-head-r8", None, "all-linear-r16-rslora"])]
-    reference = runner.reference.generate(requests, NEW_TOKENS, 5, max_loras=4)
-    scored = engine.score(requests, [g.tokens for g in reference], 5, max_loras=4)
+@pytest.mark.parametrize("model", [DENSE_MODEL, MOE_MODEL])
+def test_float32_decoder_is_within_the_float32_tolerance_of_float64(runner, model):
+    fixture, (names, max_loras) = runner.model(model), MIXED[model]
+    engine = DecoderEngine(ReferenceTarget(), fixture.checkpoint, fixture.adapters, torch.float32)
+    requests = [Request(p, n) for p, n in zip(PROMPTS, names)]
+    reference = fixture.reference.generate(requests, NEW_TOKENS, 5, max_loras=max_loras)
+    scored = engine.score(requests, [g.tokens for g in reference], 5, max_loras=max_loras)
     worst = max(abs(a.logprob - b.logprob) for g, r in zip(scored, reference) for a, b in zip(g.steps, r.steps))
     assert worst < 1e-4
+

@@ -12,17 +12,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from conformance.e2e.adapters import Adapter
-from conformance.e2e.cases import BATCHES, E2E_CASES, E2ECase, e2e_cases
+from conformance.e2e.cases import BATCHES, E2E_CASES, MODEL_ADAPTERS, E2ECase, e2e_cases
 from conformance.e2e.checkpoint import Checkpoint, ModelConfig
 from conformance.e2e.compare import GENERATION_TOLERANCES, Comparison
 from conformance.e2e.generation import Generation, Request, Step, slot_assignment
+from conformance.e2e.lora_stacks import LoRAStacks
 from conformance.e2e.run import fixtures_dir
 
 FIXTURES = fixtures_dir()
 MODEL = FIXTURES / "tiny-llama"
 ADAPTER = FIXTURES / "adapters" / "attn-qv-r8"
+MOE_MODEL = FIXTURES / "tiny-mixtral"
+MOE_ADAPTER = FIXTURES / "moe-adapters" / "moe-experts-attn-r8-rslora"
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +34,14 @@ def config() -> ModelConfig:
     return Checkpoint.load(MODEL).config
 
 
-def copy_adapter(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def moe() -> Checkpoint:
+    return Checkpoint.load(MOE_MODEL)
+
+
+def copy_adapter(tmp_path: Path, source: Path = ADAPTER) -> Path:
     target = tmp_path / "adapter"
-    shutil.copytree(ADAPTER, target)
+    shutil.copytree(source, target)
     return target
 
 
@@ -76,6 +85,94 @@ def test_malformed_adapter_config_names_the_field(tmp_path, config, changes, mes
         Adapter.load(path, config)
     assert message in str(error.value)
     assert str(path) in str(error.value)
+
+
+def test_fixture_moe_adapters_unpack_peft_expert_layout(moe):
+    """PEFT's ParamWrapper pair [E·r, in] / [out, r·E] per expert: A rows expert-major, B columns rank-major."""
+    adapter = Adapter.load(MOE_ADAPTER, moe.config)
+    assert adapter.rank == 8 and adapter.scaling == pytest.approx(16 / 8**0.5)
+    assert adapter.target_modules == {"q_proj", "k_proj", "v_proj", "o_proj", "experts.gate_up_proj", "experts.down_proj"}
+    raw = load_file(MOE_ADAPTER / "adapter_model.safetensors")
+    prefix = "base_model.model.model.layers.1.mlp.experts."
+    gate_up, down = adapter.delta(1, "experts.gate_up_proj"), adapter.delta(1, "experts.down_proj")
+    assert gate_up.a.shape == (6, 8, 64) and gate_up.b.shape == (6, 64, 8)  # 2·I = 64 gate/up rows
+    assert down.a.shape == (6, 8, 32) and down.b.shape == (6, 64, 8)
+    expert, j = 4, 3
+    assert torch.equal(gate_up.a[expert, j], raw[prefix + "base_layer.lora_A.weight"][expert * 8 + j])
+    assert torch.equal(gate_up.b[expert, :, j], raw[prefix + "base_layer.lora_B.weight"][:, j * 6 + expert])
+    assert torch.equal(down.b[expert, :, j], raw[prefix + "lora_B.weight"][:, j * 6 + expert])
+    attention_only = Adapter.load(FIXTURES / "moe-adapters" / "moe-attn-qv-r6", moe.config)
+    assert {module for _, module in attention_only.deltas} == {"q_proj", "v_proj"}
+
+
+def test_moe_stacks_fold_the_scaling_and_enable_only_expert_adapters(moe):
+    adapters = {p.name: Adapter.load(p, moe.config) for p in sorted((FIXTURES / "moe-adapters").iterdir())}
+    slots = (adapters["moe-attn-qv-r6"], adapters["moe-experts-r4"], None, adapters["moe-experts-attn-r8-rslora"])
+    stacks = LoRAStacks.build(slots, moe.config, torch.float64, "cpu")
+    site = stacks.experts[0]
+    assert site.adapter_enabled.dtype == torch.int32 and site.adapter_enabled.tolist() == [0, 1, 0, 1, 0]
+    assert site.w13_lora_a[0].shape == (4, 6, 8, 64) and site.w13_lora_b[0].shape == (4, 6, 64, 8)
+    assert site.w2_lora_a[0].shape == (4, 6, 8, 32) and site.w2_lora_b[0].shape == (4, 6, 64, 8)
+    r4 = adapters["moe-experts-r4"].delta(0, "experts.down_proj")
+    torch.testing.assert_close(site.w2_lora_b[0][1, :, :, :4], r4.b.double() * 2.0)  # alpha 8 / r 4
+    assert not site.w2_lora_b[0][1, :, :, 4:].any() and not site.w13_lora_a[0][0].any() and not site.w13_lora_a[0][2].any()
+    assert set(stacks.layers[0]) == {"qkv_proj", "o_proj"}  # a Mixtral has no dense MLP call sites
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.router"]}, "field 'target_parameters' names 'mlp.experts.router'"),
+        ({"target_parameters": ["mlp.experts.gate_up_proj"]}, "target_parameters names 1 expert parameter(s)"),
+        ({"target_modules": ["q_proj", "gate_proj"]}, "field 'target_modules' names ['gate_proj']"),
+        ({"r": 4}, "r=4 and 6 experts imply"),
+    ],
+)
+def test_malformed_moe_adapter_names_the_field(tmp_path, moe, changes, message):
+    path = copy_adapter(tmp_path, MOE_ADAPTER)
+    edit_config(path, **changes)
+    with pytest.raises(ValueError) as error:
+        Adapter.load(path, moe.config)
+    assert message in str(error.value) and str(path) in str(error.value)
+
+
+def test_expert_parameters_are_named_by_dotted_suffix_as_peft_matches_them(tmp_path, moe):
+    path = copy_adapter(tmp_path, MOE_ADAPTER)
+    edit_config(path, target_parameters=["experts.down_proj", "gate_up_proj"])
+    assert Adapter.load(path, moe.config).deltas.keys() == Adapter.load(MOE_ADAPTER, moe.config).deltas.keys()
+
+
+def test_a_moe_adapter_missing_a_half_or_on_the_dense_model_is_refused(tmp_path, config, moe):
+    path = copy_adapter(tmp_path, MOE_ADAPTER)
+    with pytest.raises(ValueError, match="field 'target_parameters'.*the model has no experts"):
+        Adapter.load(path, config)
+    tensors = load_file(path / "adapter_model.safetensors")
+    del tensors["base_model.model.model.layers.1.mlp.experts.lora_B.weight"]
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    with pytest.raises(ValueError, match=r"expert parameter 'down_proj' \(layer 1\) has lora_A, not both"):
+        Adapter.load(path, moe.config)
+
+
+def test_moe_checkpoint_fuses_the_experts_as_transformers_does(tmp_path, moe):
+    raw = load_file(MOE_MODEL / "model.safetensors")
+    gate_up = moe.weights["model.layers.1.mlp.experts.gate_up_proj"]
+    assert gate_up.shape == (6, 64, 64) and moe.config.experts.num_experts == 6 and moe.config.experts.top_k == 2
+    assert torch.equal(gate_up[5, :32], raw["model.layers.1.block_sparse_moe.experts.5.w1.weight"])  # gate rows first
+    assert torch.equal(gate_up[5, 32:], raw["model.layers.1.block_sparse_moe.experts.5.w3.weight"])
+    assert torch.equal(moe.weights["model.layers.1.mlp.experts.down_proj"][5], raw["model.layers.1.block_sparse_moe.experts.5.w2.weight"])
+    shutil.copytree(MOE_MODEL, tmp_path / "m")
+    del raw["model.layers.0.block_sparse_moe.experts.3.w2.weight"]
+    save_file(raw, str(tmp_path / "m" / "model.safetensors"))
+    with pytest.raises(ValueError, match="missing tensor 'model.layers.0.block_sparse_moe.experts.3.w2.weight'"):
+        Checkpoint.load(tmp_path / "m")
+    file = tmp_path / "m" / "config.json"
+    settings = json.loads(file.read_text())
+    file.write_text(json.dumps({**settings, "num_experts_per_tok": 7}))
+    with pytest.raises(ValueError, match="field 'num_experts_per_tok' is 7"):
+        Checkpoint.load(tmp_path / "m")
+    file.write_text(json.dumps({**settings, "sliding_window": 16}))
+    with pytest.raises(ValueError, match="field 'sliding_window'"):
+        Checkpoint.load(tmp_path / "m")
 
 
 def test_pickled_adapter_weights_are_refused(tmp_path, config):
@@ -160,6 +257,23 @@ def test_invariance_uses_the_smaller_margin_of_the_two_runs():
     assert COMPARE.greedy(0, here, there, against="the reference") != []  # only the reference's margin counts
 
 
+def routed(step_: Step, routing_margin: float) -> Step:
+    return Step(step_.token, step_.logprob, step_.top, routing_margin)
+
+
+def test_a_routing_near_tie_excuses_its_position_and_ends_greedy():
+    tie = TOL.router_near_tie
+    reference = generation(step(1, -0.1, 2, -3.0), routed(step(3, -0.2, 4, -3.0), tie), step(5, -0.1, 6, -3.0))
+    wrong_there = generation(step(1, -0.1, 2, -3.0), step(4, -0.2, 3, -3.0), step(5, -0.1, 6, -3.0))
+    assert COMPARE.scores(0, wrong_there, reference) == []  # the expert choice there may differ
+    assert COMPARE.greedy(0, wrong_there, reference) == []
+    clear = generation(step(1, -0.1, 2, -3.0), routed(step(3, -0.2, 4, -3.0), 2 * tie), step(5, -0.1, 6, -3.0))
+    assert COMPARE.scores(0, wrong_there, clear) and COMPARE.greedy(0, wrong_there, clear)
+    early = generation(step(2, -0.1, 1, -3.0), step(3, -0.2, 4, -3.0), step(5, -0.1, 6, -3.0))
+    assert COMPARE.greedy(0, early, reference)  # a divergence before the routing near-tie still fails
+    assert COMPARE.max_logprob_error([wrong_there], [reference]) == 0.0  # the excused position is not measured
+
+
 def test_step_from_logits_takes_argmax_and_log_softmax():
     logits = torch.tensor([0.0, 2.0, 1.0])
     taken = Step.from_logits(logits, None, top_k=2)
@@ -178,12 +292,20 @@ def test_slots_follow_first_use_and_empty_slots_trail():
         slot_assignment(requests, 1)
 
 
-def test_every_batch_names_fixture_adapters_and_fits_its_slots():
-    names = {p.name for p in (FIXTURES / "adapters").iterdir()}
-    for name, (requests, max_loras) in BATCHES.items():
-        used = {adapter for _, adapter in requests if adapter}
+def test_every_batch_names_its_models_fixture_adapters_and_fits_its_slots():
+    for name, batch in BATCHES.items():
+        names = {p.name for p in (FIXTURES / MODEL_ADAPTERS[batch.model]).iterdir()}
+        used = {adapter for _, adapter in batch.requests if adapter}
         assert used <= names, name
-        assert len(used) in (0, max_loras), name  # no slot left empty by a batch that uses adapters: cases.py
+        assert len(used) in (0, batch.max_loras), name  # no slot left empty by a batch that uses adapters: cases.py
+
+
+def test_the_moe_batches_run_the_moe_model_as_their_own_ops():
+    moe = [case for case in E2E_CASES if case.is_moe]
+    assert {case.batch for case in moe} == {"moe-mixed", "moe-one-slot"}
+    assert {case.op for case in moe} == {"moe_teacher_forced_logits", "moe_greedy_generation", "moe_batch_invariance",
+                                         "moe_order_invariance"}
+    assert {"neg1", "last_slot"} <= E2ECase("greedy_generation", "moe-mixed", "float32", True).features()
 
 
 def test_the_mixed_batch_exposes_the_no_adapter_corner():
@@ -197,4 +319,5 @@ def test_smoke_is_a_subset_and_standard_has_every_kind_and_dtype():
     assert set(smoke) < set(standard) == set(E2E_CASES)
     assert {c.kind for c in standard} == {"teacher_forced_logits", "greedy_generation", "batch_invariance", "order_invariance"}
     assert {c.dtype for c in standard} == {"float32", "bfloat16", "float16"}
+    assert (len(standard), len(smoke)) == (48, 7)  # dense 30 + MoE 18; smoke dense 5 + MoE 2
     assert len({c.case_id for c in standard}) == len(standard)
