@@ -13,6 +13,15 @@ rounded to the weight dtype first (``CAST_TYPE``); the expand delta is rounded t
 before it is added to the output. Rows of slot −1 are never written, nor are columns outside the
 slice. The wrapper methods come from :class:`KernelTarget` (the ``lora_*`` composition).
 
+The fused-MoE kernels (docs/moe.md) use the same mask over (slot, expert): each (token, choice)
+pair's row is multiplied by all ``L·E`` matrices, a ``[P, L·E·R]`` one-hot mask keeps the pair's own,
+and the (slot, expert) of each pair is read from the metadata as vLLM's Triton kernel walks it
+(block-aligned or naive). Rounding as that kernel's: float32 accumulation, the shrink intermediate
+rounded to the output dtype, the routing weight multiplied into the float32 product, the delta
+rounded to the output dtype, added in float32 and rounded once. ``moe_lora_align_block_size`` is
+written from the op's definition (stable sort by local expert, groups padded with ``T·top_k``).
+Neither calls ``conformance.reference``; the wrapper's MoE methods come from ``KernelTarget``.
+
 Each fault below is a subclass changing one method, with a docstring naming the real bug it models.
 ``FAULTS`` lists those the smoke profile must catch; ``UNCAUGHT_BY_DESIGN`` those it cannot, and why.
 """
@@ -202,11 +211,205 @@ class PlainTorchTarget(KernelTarget):
             self.expand_rows(inputs[s], lora_b, output_tensor, slots, offset, add_inputs)
 
 
+    # -- fused_moe_lora / moe_lora_align_block_size (the module docstring says how) ------------------
+
+    def fused_moe_lora(self, output, qcurr_hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids,
+                       expert_ids, num_tokens_post_padded, token_lora_mapping, max_lora_rank, top_k_num, lora_ids,
+                       num_active_loras, adapter_enabled, shrink_block_size_m, shrink_block_size_n, shrink_block_size_k,
+                       shrink_group_size_m, shrink_num_warps, shrink_num_stages, shrink_split_k, expand_block_size_m,
+                       expand_block_size_n, expand_block_size_k, expand_group_size_m, expand_num_warps, expand_num_stages,
+                       expand_split_k, mul_routed_weight=False, fully_sharded=False, offset=0, add_inputs=True):
+        # the Triton tile parameters other than shrink_block_size_m (the alignment's block) do not change
+        # the result; fully_sharded at one rank means the collective between shrink and expand is the identity
+        num_tokens, top_k = topk_weights.shape
+        if top_k != top_k_num:
+            raise ValueError(f"topk_weights has {top_k} choices per token, top_k_num is {top_k_num}")
+        num_pairs = num_tokens * top_k
+        num_slots, num_experts, rank, _ = lora_a_stacked[0].shape
+        if sorted_token_ids is None:
+            slots, experts = self.naive_routing(expert_ids, token_lora_mapping, adapter_enabled, num_slots, top_k)
+        else:
+            slots, experts = self.aligned_routing(sorted_token_ids, expert_ids, num_tokens_post_padded, lora_ids,
+                                                  adapter_enabled, num_slots, shrink_block_size_m, num_pairs)
+        experts = self.kernel_experts(experts, num_experts)
+        served = (slots != -1) & (experts != -1) & self.pairs_walked(num_pairs, top_k)
+        x = qcurr_hidden_states[self.input_rows(num_pairs, top_k, mul_routed_weight)]  # [P, K]
+        weights = self.pair_weights(topk_weights, mul_routed_weight)
+        mask = self.expert_mask(slots, experts, served, num_slots, num_experts, rank)
+        out = output.view(num_pairs, -1)
+        width = lora_b_stacked[0].size(2)
+        columns = self.moe_slice_columns(len(lora_b_stacked), width, offset)
+        for lora_a, lora_b, column in zip(lora_a_stacked, lora_b_stacked, columns):
+            flat_a = self.flat_experts(lora_a).reshape(num_slots * num_experts * rank, -1)  # [L·E·R, K]
+            flat_b = self.flat_experts(lora_b).permute(1, 0, 2).reshape(width, -1)  # [N, L·E·R]
+            delta = self.moe_delta(x, flat_a, flat_b, mask, weights, rank, out.dtype)
+            self.write_expand(out, delta, served, column, add_inputs)
+
+    def naive_routing(self, expert_ids, token_lora_mapping, adapter_enabled, num_slots: int, top_k: int):
+        """One pair per program: its slot is its token's, its expert ``expert_ids[p]``."""
+        slots = self.resolve_pair_slots(token_lora_mapping.long().repeat_interleave(top_k), num_slots)
+        slots = torch.where(self.slot_enabled(adapter_enabled, slots, num_slots), slots, -1)
+        return slots, expert_ids.reshape(-1).long()
+
+    def aligned_routing(self, sorted_token_ids, expert_ids, num_tokens_post_padded, lora_ids, adapter_enabled,
+                        num_slots: int, block: int, num_pairs: int):
+        """Per active, enabled slot of ``lora_ids``: the blocks below ``⌈num_tokens_post_padded / block⌉`` whose
+        expert is not −1; the ids in them below ``T·top_k`` are that slot's and block's pairs."""
+        sorted_ids = sorted_token_ids.reshape(num_slots, -1).long()
+        block_experts = expert_ids.reshape(num_slots, -1).long()
+        ids = lora_ids.reshape(-1).long()
+        every_slot = torch.arange(num_slots, device=ids.device)
+        active = torch.isin(every_slot, ids) & self.slot_enabled(adapter_enabled, every_slot, num_slots)
+        walked_blocks = (num_tokens_post_padded.long().clamp(min=0) + block - 1) // block  # [L]
+        block_of_entry = torch.arange(sorted_ids.size(1), device=ids.device) // block
+        inside = block_of_entry < block_experts.size(1)
+        entry_expert = torch.full_like(sorted_ids, -1)
+        entry_expert[:, inside] = block_experts[:, block_of_entry[inside]]
+        valid = (
+            active[:, None] & (block_of_entry[None, :] < walked_blocks[:, None]) & (entry_expert >= 0)
+            & (sorted_ids >= 0) & (sorted_ids < num_pairs)
+        )  # fmt: skip
+        slots = torch.full((num_pairs,), -1, dtype=torch.long, device=ids.device)
+        experts = torch.full((num_pairs,), -1, dtype=torch.long, device=ids.device)
+        slots[sorted_ids[valid]] = every_slot[:, None].expand_as(sorted_ids)[valid]
+        experts[sorted_ids[valid]] = entry_expert[valid]
+        return slots, experts
+
+    def resolve_pair_slots(self, slots: torch.Tensor, num_slots: int) -> torch.Tensor:
+        """The slot whose weights each pair reads (−1: none)."""
+        return slots
+
+    def slot_enabled(self, adapter_enabled: torch.Tensor, slots: torch.Tensor, num_slots: int) -> torch.Tensor:
+        """bool per entry of ``slots``: a slot of the stacks whose ``adapter_enabled`` is set."""
+        inside = (slots >= 0) & (slots < num_slots)
+        return inside & (adapter_enabled.long()[slots.clamp(0, num_slots - 1)] != 0)
+
+    def kernel_experts(self, experts: torch.Tensor, num_experts: int) -> torch.Tensor:
+        """The expert whose weights each pair reads (−1: not local, skipped)."""
+        return experts
+
+    def pairs_walked(self, num_pairs: int, top_k: int) -> torch.Tensor:
+        """bool ``[P]``: the pairs the kernel visits (all of them)."""
+        return torch.ones(num_pairs, dtype=torch.bool, device=self.device)
+
+    def input_rows(self, num_pairs: int, top_k: int, mul_routed_weight: bool) -> torch.Tensor:
+        """The input row of each pair: ``p`` when ``x`` has one row per pair (w2), else its token ``p // top_k``."""
+        pairs = torch.arange(num_pairs, device=self.device)
+        return pairs if mul_routed_weight else pairs // top_k
+
+    def pair_weights(self, topk_weights: torch.Tensor, mul_routed_weight: bool) -> torch.Tensor | None:
+        """float32 ``[P]``: the routing weight multiplied into each pair's delta, or None (w13)."""
+        return topk_weights.reshape(-1).float() if mul_routed_weight else None
+
+    def expert_mask(self, slots, experts, served, num_slots: int, num_experts: int, rank: int) -> torch.Tensor:
+        """float32 ``[P, L·E·R]``: ones in the rank block ``slot·E + expert`` of a served pair, zeros elsewhere."""
+        blocks = torch.where(served, slots * num_experts + experts, -1)
+        return self.slot_mask(blocks, num_slots * num_experts, rank)
+
+    def flat_experts(self, stack: torch.Tensor) -> torch.Tensor:
+        """``[L, E, rows, cols]`` as ``[L·E, rows, cols]``, read through its strides (a shared stack has stride 0)."""
+        return stack.reshape(-1, stack.size(2), stack.size(3))
+
+    def moe_slice_columns(self, num_slices: int, width: int, offset: int) -> list[int]:
+        """First output column of each slice: ``offset + s·N`` (gate, then up)."""
+        return [offset + s * width for s in range(num_slices)]
+
+    def round_intermediate(self, shrunk: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """The shrink result the expand reads: in the output dtype, as vLLM's kernel keeps it."""
+        return shrunk.to(out_dtype)
+
+    def moe_delta(self, x, flat_a, flat_b, mask, weights, rank: int, out_dtype) -> torch.Tensor:
+        """``round(w · round(x @ A[l, e]ᵀ) @ B[l, e]ᵀ)`` for every pair, in the output dtype."""
+        every_block = self.shrink_product(x, flat_a) * mask  # [P, L·E·R]: only the pair's own block survives
+        shrunk = every_block.view(x.size(0), -1, rank).sum(dim=1)  # [P, R], exact: one non-zero term per column
+        shrunk = self.round_intermediate(shrunk, out_dtype).float()
+        tiled = shrunk.repeat(1, mask.size(1) // rank) * mask
+        delta = self.expand_product(tiled, flat_b)  # [P, N], float32
+        if weights is not None:
+            delta = delta * weights[:, None]  # into the float32 product, before it is rounded
+        return delta.to(out_dtype)
+
+    def moe_lora_align_block_size(self, topk_ids, token_lora_mapping, num_experts, block_size, max_loras,
+                                  max_num_tokens_padded, max_num_m_blocks, sorted_token_ids, experts_ids,
+                                  num_tokens_post_pad, adapter_enabled, lora_ids, expert_map=None):
+        """Per active, enabled slot: its pairs with a local expert, stably sorted by expert, each expert's
+        group padded to whole blocks with the id ``T·top_k``; unused blocks get expert −1."""
+        num_pairs = topk_ids.numel()
+        experts = self.align_experts(topk_ids, expert_map)
+        slots = self.resolve_pair_slots(token_lora_mapping.long().repeat_interleave(topk_ids.size(-1)), max_loras)
+        sorted_rows = sorted_token_ids.view(max_loras, max_num_tokens_padded)
+        expert_rows = experts_ids.view(max_loras, max_num_m_blocks)
+        ids = lora_ids.reshape(-1).long()
+        active = ids[self.slot_enabled(adapter_enabled, ids, max_loras)]
+        for slot in active.tolist():
+            pairs = torch.nonzero((slots == slot) & (experts >= 0)).flatten()
+            row, blocks = self.align_one_slot(pairs, experts[pairs], num_experts, block_size, num_pairs)
+            if row.numel() > max_num_tokens_padded or blocks.numel() > max_num_m_blocks:
+                raise ValueError(f"slot {slot}: {row.numel()} aligned ids do not fit max_num_tokens_padded {max_num_tokens_padded}")
+            sorted_rows[slot] = self.padding_id(num_pairs)
+            sorted_rows[slot, : row.numel()] = row.to(sorted_rows.dtype)
+            expert_rows[slot] = self.unused_block_expert(blocks)
+            expert_rows[slot, : blocks.numel()] = blocks.to(expert_rows.dtype)
+            num_tokens_post_pad[slot] = row.numel()
+
+    def align_experts(self, topk_ids: torch.Tensor, expert_map: torch.Tensor | None) -> torch.Tensor:
+        """The local expert of every pair ``[T·top_k]``: ``expert_map[topk_ids]`` (−1: on another rank)."""
+        experts = topk_ids.reshape(-1).long()
+        return experts if expert_map is None else expert_map.long()[experts]
+
+    def align_one_slot(self, pairs, pair_experts, num_experts: int, block: int, num_pairs: int):
+        """``(row, blocks)``: one slot's sorted ids and the expert of each of its blocks."""
+        order = torch.sort(pair_experts, stable=True).indices
+        pairs, pair_experts = pairs[order], pair_experts[order]
+        counts = torch.bincount(pair_experts, minlength=num_experts)
+        padded = (counts + block - 1) // block * block
+        group_start = torch.cumsum(padded, 0) - padded
+        rank_in_group = torch.arange(pairs.numel(), device=pairs.device) - (torch.cumsum(counts, 0) - counts)[pair_experts]
+        positions, kept = self.pair_positions(group_start[pair_experts], rank_in_group, padded[pair_experts])
+        row = torch.full((int(padded.sum()),), self.padding_id(num_pairs), dtype=torch.long, device=pairs.device)
+        row[positions[kept]] = pairs[kept]
+        blocks = torch.repeat_interleave(torch.arange(num_experts, device=pairs.device), padded // block)
+        return row, blocks
+
+    def pair_positions(self, group_start, rank_in_group, group_length):
+        """Where each pair goes in the slot's row, and whether it is written (always)."""
+        return group_start + rank_in_group, torch.ones_like(rank_in_group, dtype=torch.bool)
+
+    def padding_id(self, num_pairs: int) -> int:
+        """The id that fills a group's last block: ``T·top_k``, out of range, so the kernel masks it."""
+        return num_pairs
+
+    def unused_block_expert(self, blocks: torch.Tensor) -> int:
+        """The expert of the blocks after ``num_tokens_post_pad``: −1, so the kernel skips them."""
+        return -1
+
+
 class PlainTorchClassicTarget(PlainTorchTarget):
     """The same kernels with the wrapper methods composed like vLLM's CPU wrapper (sgmv / bgmv ops)."""
 
     name = "plain-torch-classic"
     wrapper_paths = ("classic",)
+
+
+class Float32IntermediateTarget(PlainTorchTarget):
+    """Correct, rounding elsewhere: the MoE shrink intermediate stays in float32 (as Gaudi-like code keeps
+    it) instead of being rounded to the output dtype as vLLM's Triton kernel does."""
+
+    name = "plain-torch-fp32-intermediate"
+
+    def round_intermediate(self, shrunk, out_dtype):
+        return shrunk
+
+
+class WeightAfterRoundingTarget(PlainTorchTarget):
+    """Correct, rounding elsewhere: w2's routing weight multiplies the delta after it is rounded to the
+    output dtype (an epilogue in the storage dtype) instead of the float32 product."""
+
+    name = "plain-torch-weight-after-rounding"
+
+    def moe_delta(self, x, flat_a, flat_b, mask, weights, rank, out_dtype):
+        delta = super().moe_delta(x, flat_a, flat_b, mask, None, rank, out_dtype)
+        return delta if weights is None else (delta.float() * weights[:, None]).to(out_dtype)
 
 
 def _checked_slice(lora_b: torch.Tensor, slice_size: int) -> torch.Tensor:
@@ -555,6 +758,176 @@ class ExpandLowPrecisionAccumulation(PlainTorchTarget):
         return sum_in_storage_dtype(tiled, flat_b)
 
 
+# -- fused-MoE faults: the kernel --------------------------------------------------------------
+
+
+class MoERoutedWeightInW13(PlainTorchTarget):
+    """The routing weight is applied whatever ``mul_routed_weight`` says, so w13's delta is weighted too.
+
+    The weight belongs to w2 only (vLLM passes ``mul_routed_weight=True`` there, once per pair); a kernel
+    that loads ``topk_weights`` unconditionally scales the gate/up delta before the activation, and the
+    token's output is weighted a second time after w2."""
+
+    name = "fault-moe-routed-weight-in-w13"
+
+    def pair_weights(self, topk_weights, mul_routed_weight):
+        return topk_weights.reshape(-1).float()
+
+
+class MoERoutedWeightTwice(PlainTorchTarget):
+    """w2's delta is multiplied by the routing weight twice (``w²``): the kernel applies it and so does
+    an epilogue that was written for a kernel that did not."""
+
+    name = "fault-moe-routed-weight-twice"
+
+    def pair_weights(self, topk_weights, mul_routed_weight):
+        weights = super().pair_weights(topk_weights, mul_routed_weight)
+        return None if weights is None else weights * weights
+
+
+class MoEExpertOffByOne(PlainTorchTarget):
+    """Each pair reads the LoRA weights of expert ``e − 1`` (expert 0 the last one, by negative indexing).
+
+    A 1-based expert id, or the global → local translation applied with an offset of one: the delta
+    of the neighbouring expert, of the right shape, so nothing raises."""
+
+    name = "fault-moe-expert-off-by-one"
+
+    def kernel_experts(self, experts, num_experts):
+        return torch.where(experts >= 0, (experts - 1) % num_experts, experts)
+
+
+class MoENoAdapterPairsServedByLastSlot(PlainTorchTarget):
+    """Pairs of tokens without adapter (slot −1) get the last slot's delta: ``token_lora_mapping`` −1
+    used as an index (negative indexing), in the naive kernel path and in the alignment.
+
+    The MoE twin of vllm#48421 (the CPU torch ops' ``lora_weights[lora_indices]``)."""
+
+    name = "fault-moe-neg1-is-last-slot"
+
+    def resolve_pair_slots(self, slots, num_slots):
+        return torch.where(slots == -1, num_slots - 1, slots)
+
+
+class MoENonLocalExpertServedByExpert0(PlainTorchTarget):
+    """Choices of experts on another rank (``expert_map`` −1) are sorted into local expert 0's group: the
+    −1 is clamped to a valid index instead of being skipped.
+
+    Under expert parallelism every rank then adds its expert 0's LoRA delta to pairs another rank
+    serves (vLLM's CUDA op translates with ``expert_map`` and must drop the −1 ones)."""
+
+    name = "fault-moe-nonlocal-is-expert-0"
+
+    def align_experts(self, topk_ids, expert_map):
+        return super().align_experts(topk_ids, expert_map).clamp(min=0)
+
+
+class MoELastChoiceDropped(PlainTorchTarget):
+    """The kernel walks only the first ``top_k − 1`` choices of each token (a ``range(top_k - 1)`` bound):
+    the last choice gets no LoRA delta, and with ``top_k = 1`` nothing does."""
+
+    name = "fault-moe-last-choice-dropped"
+
+    def pairs_walked(self, num_pairs, top_k):
+        return torch.arange(num_pairs, device=self.device) % top_k != top_k - 1
+
+
+class MoEW2ReadsTokenRow(PlainTorchTarget):
+    """w2 reads input row ``t`` (the token's) instead of ``t·top_k + k`` (the pair's activated
+    intermediate): w13's ``pair // top_k`` indexing kept when ``mul_routed_weight`` is set."""
+
+    name = "fault-moe-w2-reads-token-row"
+
+    def input_rows(self, num_pairs, top_k, mul_routed_weight):
+        return super().input_rows(num_pairs, top_k, False)
+
+
+class MoEGateUpSwapped(PlainTorchTarget):
+    """The gate and up slices land in each other's columns (``[up; gate]`` instead of vLLM's ``[gate; up]``
+    order of the packed w13 output), so the activation multiplies the wrong halves."""
+
+    name = "fault-moe-gate-up-swapped"
+
+    def moe_slice_columns(self, num_slices, width, offset):
+        return super().moe_slice_columns(num_slices, width, offset)[::-1]
+
+
+class MoEAdapterEnabledIgnored(PlainTorchTarget):
+    """``adapter_enabled`` is ignored: a slot whose adapter has no MoE LoRA weights (a dense-only adapter
+    on an MoE model) is served from whatever its stack holds, in the kernel and in the alignment."""
+
+    name = "fault-moe-adapter-enabled-ignored"
+
+    def slot_enabled(self, adapter_enabled, slots, num_slots):
+        return (slots >= 0) & (slots < num_slots)
+
+
+class MoESharedStackStridesIgnored(PlainTorchTarget):
+    """A shared stack (expanded to every expert with stride 0, as vLLM's layer passes it) is read as if
+    it were packed ``[L, E, …]``: expert ``e`` of slot ``l`` is taken at matrix ``l·E + e`` of its memory.
+
+    Pointer arithmetic that assumes contiguous weights instead of using ``stride_A_expert``; past the
+    stack's real ``L`` matrices this reads zeros here (other memory on a device)."""
+
+    name = "fault-moe-shared-strides-ignored"
+
+    def flat_experts(self, stack):
+        if stack.stride(1) != 0 or stack.size(1) == 1:
+            return super().flat_experts(stack)
+        num_slots, num_experts, rows, cols = stack.shape
+        memory = stack[:, 0].reshape(-1)  # the L matrices the stack really holds
+        packed = torch.cat([memory, memory.new_zeros(num_slots * (num_experts - 1) * rows * cols)])
+        return packed.view(num_slots * num_experts, rows, cols)
+
+
+# -- fused-MoE faults: the alignment -------------------------------------------------------------
+
+
+class MoEAlignPadsWithZero(PlainTorchTarget):
+    """Groups are padded with id 0 instead of ``T·top_k`` (a zero-filled buffer where vLLM's op fills
+    with ``topk_ids.numel()``): padding aliases pair 0, which the kernel then serves with every
+    block's expert."""
+
+    name = "fault-moe-align-pads-with-zero"
+
+    def padding_id(self, num_pairs):
+        return 0
+
+
+class MoEAlignFullGroupLosesLastPair(PlainTorchTarget):
+    """A pair is dropped when an expert's group exactly fills its blocks: positions inside a group are
+    counted from 1 and bounded by the group's padded end, which only bites when no padding is left."""
+
+    name = "fault-moe-align-full-group-loses-pair"
+
+    def pair_positions(self, group_start, rank_in_group, group_length):
+        positions = group_start + rank_in_group + 1
+        return positions, positions < group_start + group_length
+
+
+class MoEAlignUnusedBlocksKeepLastExpert(PlainTorchTarget):
+    """The blocks after ``num_tokens_post_pad`` get the last group's expert instead of −1 (each block's
+    expert found by a search over the group ends that is not clamped past the last one).
+
+    vLLM fills ``expert_ids`` with −1 first so that unused blocks "don't drive the LoRA Triton kernel
+    into the wrong bucket"; a kernel that walks every block then serves padding with that expert."""
+
+    name = "fault-moe-align-unused-blocks-keep-expert"
+
+    def unused_block_expert(self, blocks):
+        return int(blocks[-1]) if blocks.numel() else 0
+
+
+class MoEAlignIgnoresExpertMap(PlainTorchTarget):
+    """The alignment groups pairs by their global expert, ignoring ``expert_map``: under expert
+    parallelism pairs of other ranks' experts are listed and local experts are mislabelled."""
+
+    name = "fault-moe-align-ignores-expert-map"
+
+    def align_experts(self, topk_ids, expert_map):
+        return super().align_experts(topk_ids, None)
+
+
 FAULTS: tuple[type[PlainTorchTarget], ...] = (
     NegativeIndexIsLastSlot,
     SlotIdUsedAsSlot,
@@ -577,6 +950,20 @@ FAULTS: tuple[type[PlainTorchTarget], ...] = (
     BiasScaled,
     BiasIgnoresOffsetStart,
     ScalesInputInPlace,
+    MoERoutedWeightInW13,
+    MoERoutedWeightTwice,
+    MoEExpertOffByOne,
+    MoENoAdapterPairsServedByLastSlot,
+    MoENonLocalExpertServedByExpert0,
+    MoELastChoiceDropped,
+    MoEW2ReadsTokenRow,
+    MoEGateUpSwapped,
+    MoEAdapterEnabledIgnored,
+    MoESharedStackStridesIgnored,
+    MoEAlignPadsWithZero,
+    MoEAlignFullGroupLosesLastPair,
+    MoEAlignUnusedBlocksKeepLastExpert,
+    MoEAlignIgnoresExpertMap,
 )
 """Faults the smoke profile must catch (at least one case ends FAIL)."""
 

@@ -7,26 +7,40 @@ compositions exist, both vLLM's:
 
 * **lora** (vLLM's ``PunicaWrapperGPU``): ``lora_shrink`` / ``lora_expand`` fed by
   ``LoRAKernelMeta`` built for the tokens (linear, embedding) and for the sampled rows (logits);
+  the fused-MoE ops as that wrapper's ``add_lora_w13`` / ``add_lora_w2``: ``moe_lora_align_block_size``
+  sorts each slot's (token, choice) pairs by local expert into blocks of ``moe_block_size``, then
+  ``fused_moe_lora`` walks those blocks (w2 with ``mul_routed_weight``);
 * **classic** (vLLM's ``PunicaWrapperCPU``): a prefill batch goes to the sgmv ops with
   ``SegmentMetadata`` (runs of equal slots; nothing is launched when every token has slot −1), a
   decode batch to the bgmv ops with one slot per token; the logits always go to the bgmv ops with one
   slot per sampled row; slices are expanded one by one with the ``*_expand_slice`` op at a running
-  column offset that starts at ``offset_start``.
+  column offset that starts at ``offset_start``. vLLM's CPU wrapper has no MoE LoRA; like bgmv's one
+  index per row, the classic MoE composition gives ``fused_moe_lora`` one expert per pair and no
+  sorting (the naive block assignment, which vLLM's GPU wrapper itself uses for sparse batches):
+  ``sorted_token_ids`` and ``num_tokens_post_padded`` None, ``expert_ids`` the pairs' local experts
+  (``expert_map[topk_ids]``, −1 for an expert on another rank, which the kernel skips).
+
+Either MoE composition hands ``fused_moe_lora`` shared stacks (expert dim 1: w13's LoRA-A, w2's
+LoRA-B) expanded to every local expert with stride 0, as vLLM's layer does; the local experts are the
+expert dim of the stacks that are not shared. Like vLLM's wrapper, neither launches anything when
+every token has slot −1.
 
 Which kernels each wrapper op needs (a wrapper op whose kernels are missing is not implemented, so
 the runner reports its cases "not supported"):
 
-====================  ===========================  ===============================================
-wrapper op            lora composition             classic composition
-====================  ===========================  ===============================================
-add_shrink            lora_shrink                  sgmv_shrink and bgmv_shrink
-add_expand            lora_expand                  sgmv_expand_slice and bgmv_expand_slice
-add_lora_embedding    lora_expand                  sgmv_expand and bgmv_expand
-add_lora_logits       lora_shrink and lora_expand  bgmv_shrink and bgmv_expand
+====================  ============================================  =======================================
+wrapper op            lora composition                              classic composition
+====================  ============================================  =======================================
+add_shrink            lora_shrink                                   sgmv_shrink and bgmv_shrink
+add_expand            lora_expand                                   sgmv_expand_slice and bgmv_expand_slice
+add_lora_embedding    lora_expand                                   sgmv_expand and bgmv_expand
+add_lora_logits       lora_shrink and lora_expand                   bgmv_shrink and bgmv_expand
+add_lora_w13          moe_lora_align_block_size and fused_moe_lora  fused_moe_lora (naive block assignment)
+add_lora_w2           moe_lora_align_block_size and fused_moe_lora  fused_moe_lora (naive block assignment)
 add_lora_linear       ``add_shrink`` then ``add_expand`` (each by whichever composition it has)
-====================  ===========================  ===============================================
+====================  ============================================  =======================================
 
-Each of the first four uses the first composition in ``wrapper_paths`` (``("lora", "classic")``
+Each of the first six uses the first composition in ``wrapper_paths`` (``("lora", "classic")``
 unless a subclass says otherwise) whose kernels are all present. A wrapper method the subclass
 defines itself always wins and counts as implemented (set it to ``None`` to opt out of one);
 ``add_lora_linear`` calls ``self.add_shrink`` and ``self.add_expand``, so it composes from
@@ -51,7 +65,7 @@ from typing import ClassVar
 import torch
 
 from conformance.ops import Level, ops_at
-from conformance.reference import LoRAKernelMeta, LoRAMapping, SegmentMetadata
+from conformance.reference import LoRAKernelMeta, LoRAMapping, SegmentMetadata, aligned_buffers
 
 from .base import Target
 
@@ -61,12 +75,16 @@ KERNELS_NEEDED: dict[str, dict[str, tuple[str, ...]]] = {
         "add_expand": ("lora_expand",),
         "add_lora_embedding": ("lora_expand",),
         "add_lora_logits": ("lora_shrink", "lora_expand"),
+        "add_lora_w13": ("moe_lora_align_block_size", "fused_moe_lora"),
+        "add_lora_w2": ("moe_lora_align_block_size", "fused_moe_lora"),
     },
     "classic": {
         "add_shrink": ("sgmv_shrink", "bgmv_shrink"),
         "add_expand": ("sgmv_expand_slice", "bgmv_expand_slice"),
         "add_lora_embedding": ("sgmv_expand", "bgmv_expand"),
         "add_lora_logits": ("bgmv_shrink", "bgmv_expand"),
+        "add_lora_w13": ("fused_moe_lora",),  # the naive block assignment
+        "add_lora_w2": ("fused_moe_lora",),
     },
 }
 """Per composition, the kernels each kernel-backed wrapper op calls."""
@@ -87,6 +105,9 @@ class KernelTarget(Target):
     name = "kernel-ops"
     description = "wrapper methods derived from the kernel ops a subclass defines"
     wrapper_paths: ClassVar[tuple[str, ...]] = ("lora", "classic")
+    # The block size the lora composition aligns the MoE pairs to, passed as ``shrink_block_size_m``
+    # (vLLM takes it from its Triton tile config; the result does not depend on it).
+    moe_block_size: ClassVar[int] = 16
 
     def __init__(self) -> None:
         super().__init__()
@@ -267,6 +288,52 @@ class KernelTarget(Target):
             self.bgmv_shrink(x, lora_a_stacked, buffer, self.sampled_indices, scale)
             self.bgmv_expand(buffer, lora_b_stacked, y2d, self.sampled_indices, True)
 
+    def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
+                     expert_map=None, offset: int = 0, add_inputs: bool = True, **kwargs) -> None:
+        """``y[t, k, offset + s·N …] (+)= (x[t] @ A_s[l, e]ᵀ) @ B_s[l, e]ᵀ``: ``fused_moe_lora`` without the routing weight."""
+        self._fused_moe("add_lora_w13", y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled,
+                        expert_map, offset, add_inputs, mul_routed_weight=False)
+
+    def add_lora_w2(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
+                    expert_map=None, offset: int = 0, add_inputs: bool = True, **kwargs) -> None:
+        """``y[t, k, offset …] (+)= w[t, k] · (x[t·top_k + k] @ A[l, e]ᵀ) @ B[l, e]ᵀ``: ``mul_routed_weight``."""
+        self._fused_moe("add_lora_w2", y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled,
+                        expert_map, offset, add_inputs, mul_routed_weight=True)
+
+    # -- the fused-MoE compositions (vLLM's PunicaWrapperGPU.add_lora_w13 / add_lora_w2) ----------
+
+    def _fused_moe(self, op, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, expert_map,
+                   offset: int, add_inputs: bool, *, mul_routed_weight: bool) -> None:
+        path = self._path(op)
+        num_tokens, top_k = topk_ids.shape
+        token_slots, _, _, _, lora_ids, no_lora = self._meta_args(self.token_meta, num_tokens)
+        if bool(no_lora.item()):  # every token has slot −1: vLLM's wrapper launches nothing
+            return
+        experts = max(stack.size(1) for stack in (*lora_a_stacked, *lora_b_stacked))
+        if path == "lora":
+            sorted_ids, expert_ids, padded = self.moe_aligned_metadata(topk_ids, token_slots, lora_ids, adapter_enabled,
+                                                                       expert_map, lora_a_stacked[0].size(0), experts)
+        else:
+            sorted_ids, expert_ids, padded = None, pair_local_experts(topk_ids, expert_map), None
+        tiles = (self.moe_block_size, 64, 32, 8, 4, 3, 1) * 2  # Triton's shrink and expand tiles (BLOCK_M, N, K, GROUP_M, warps, stages, split_k)
+        self.fused_moe_lora(
+            y, x, expanded_to(lora_a_stacked, experts), expanded_to(lora_b_stacked, experts), topk_weights, sorted_ids,
+            expert_ids, padded, token_slots, lora_a_stacked[0].size(2), top_k, lora_ids,
+            torch.tensor([lora_ids.numel()]), adapter_enabled, *tiles, mul_routed_weight, offset > 0, offset, add_inputs,
+        )  # fmt: skip
+
+    def moe_aligned_metadata(self, topk_ids, token_slots, lora_ids, adapter_enabled, expert_map, max_loras: int,
+                             local_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(sorted_token_ids [L, P], expert_ids [L, B], num_tokens_post_pad [L])`` from ``moe_lora_align_block_size``,
+        its buffers sized as vLLM's wrapper sizes them (for the global experts under expert parallelism)."""
+        num_experts = expert_map.numel() if expert_map is not None else local_experts
+        sorted_ids, expert_ids, padded, blocks, per_slot = aligned_buffers(
+            topk_ids.numel(), num_experts, self.moe_block_size, max_loras, self.device
+        )
+        self.moe_lora_align_block_size(topk_ids, token_slots, num_experts, self.moe_block_size, max_loras, per_slot, blocks,
+                                       sorted_ids, expert_ids, padded, adapter_enabled, lora_ids, expert_map)
+        return sorted_ids.view(max_loras, -1), expert_ids.view(max_loras, -1), padded
+
     # -- the classic composition (vLLM's PunicaWrapperCPU) ---------------------------------------
 
     def _classic_shrink(self, y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, scale: float) -> None:
@@ -305,6 +372,19 @@ class KernelTarget(Target):
                 cols = slice(column, column + width)
                 y2d[rows, cols] = (y2d[rows, cols].to(acc) + per_row.to(acc)).to(y2d.dtype)
             column += width
+
+
+def expanded_to(stacks, experts: int) -> list[torch.Tensor]:
+    """MoE stacks ``[L, E, rows, cols]`` with a shared one (expert dim 1) expanded to ``experts`` with stride 0."""
+    return [stack.expand(-1, experts, -1, -1) if stack.size(1) == 1 else stack for stack in stacks]
+
+
+def pair_local_experts(topk_ids: torch.Tensor, expert_map: torch.Tensor | None) -> torch.Tensor:
+    """int32 ``[T·top_k]``: the local expert of every pair, ``expert_map[topk_ids]`` (−1: on another rank)."""
+    experts = topk_ids.reshape(-1).long()
+    if expert_map is not None:
+        experts = expert_map.long()[experts]
+    return experts.to(torch.int32)
 
 
 def _check_slices(lora_b_stacked, output_slices) -> None:

@@ -7,8 +7,8 @@ are strict xfails with the reason: when the suite learns to catch one, its test 
 entry moves to ``FAULTS``.
 
 The correct ``PlainTorchTarget`` must implement every op and pass every smoke case, under both
-wrapper compositions of ``KernelTarget`` (``lora_*`` like vLLM's GPU wrapper, sgmv/bgmv like its
-CPU wrapper).
+wrapper compositions of ``KernelTarget`` (``lora_*`` and the block-aligned MoE metadata like vLLM's
+GPU wrapper; sgmv/bgmv and the naive MoE block assignment like its CPU wrapper's one index per row).
 """
 
 from __future__ import annotations
@@ -108,6 +108,9 @@ def test_classic_composition_passes_every_wrapper_smoke_case(smoke_cases):
 
 CLASSIC = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice")
 LORA = ("lora_shrink", "lora_expand")
+MOE = ("fused_moe_lora", "moe_lora_align_block_size")
+MOE_WRAPPERS = ("add_lora_w13", "add_lora_w2")
+DENSE_WRAPPERS = tuple(op for op in WRAPPER_OPS if op not in MOE_WRAPPERS)
 
 
 def _with_kernels(kernels: tuple[str, ...], **methods) -> PlainTorchTarget:
@@ -119,8 +122,10 @@ def _with_kernels(kernels: tuple[str, ...], **methods) -> PlainTorchTarget:
 @pytest.mark.parametrize(
     ("kernels", "wrappers"),
     [
-        pytest.param(LORA, WRAPPER_OPS, id="lora-ops"),
-        pytest.param(CLASSIC, WRAPPER_OPS, id="classic-ops"),
+        pytest.param(LORA + MOE, WRAPPER_OPS, id="lora-ops"),
+        pytest.param(CLASSIC + MOE, WRAPPER_OPS, id="classic-ops"),
+        pytest.param(LORA, DENSE_WRAPPERS, id="lora-dense-only"),
+        pytest.param(CLASSIC + ("fused_moe_lora",), WRAPPER_OPS, id="classic-ops-naive-moe"),
         pytest.param(("lora_expand",), ("add_expand", "add_lora_embedding"), id="lora-expand-only"),
         pytest.param(("lora_shrink",), ("add_shrink",), id="lora-shrink-only"),
         pytest.param(("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice"), ("add_lora_logits",), id="bgmv-only"),
@@ -128,11 +133,31 @@ def _with_kernels(kernels: tuple[str, ...], **methods) -> PlainTorchTarget:
                      ("add_shrink", "add_expand", "add_lora_linear"), id="linear-classic"),
         pytest.param(("lora_shrink", "sgmv_expand_slice", "bgmv_expand_slice"),
                      ("add_shrink", "add_expand", "add_lora_linear"), id="mixed-compositions"),
+        pytest.param(MOE, MOE_WRAPPERS, id="moe-aligned"),
+        pytest.param(("fused_moe_lora",), MOE_WRAPPERS, id="moe-naive"),
+        pytest.param(("moe_lora_align_block_size",), (), id="moe-alignment-only"),
         pytest.param((), (), id="no-kernels"),
     ],
 )
 def test_kernel_target_derives_exactly_the_wrapper_ops_its_kernels_allow(kernels, wrappers):
-    assert _with_kernels(kernels).implemented_ops() == tuple(op for op in KERNEL_OPS if op in kernels) + wrappers
+    expected_wrappers = tuple(op for op in WRAPPER_OPS if op in wrappers)  # in the registry's order
+    assert _with_kernels(kernels).implemented_ops() == tuple(op for op in KERNEL_OPS if op in kernels) + expected_wrappers
+
+
+@pytest.mark.parametrize(
+    ("kernels", "paths", "derived"),
+    [
+        pytest.param(MOE, ("lora", "classic"), ("moe_lora_align_block_size", "fused_moe_lora"), id="aligned-first"),
+        pytest.param(MOE, ("classic", "lora"), ("fused_moe_lora",), id="naive-first"),
+        pytest.param(("fused_moe_lora",), ("lora", "classic"), ("fused_moe_lora",), id="naive-fallback"),
+        pytest.param(("fused_moe_lora",), ("lora",), (), id="aligned-only-without-alignment"),
+    ],
+)
+def test_the_moe_wrapper_ops_follow_from_fused_moe_lora_with_or_without_the_alignment(kernels, paths, derived):
+    target = _with_kernels(kernels, wrapper_paths=paths)
+    for op in MOE_WRAPPERS:
+        assert target.derived_from(op) == derived
+        assert (op in target.implemented_ops()) == bool(derived)
 
 
 def test_an_overridden_wrapper_method_counts_and_composes():
