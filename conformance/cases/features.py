@@ -48,6 +48,7 @@ FEATURE_DOCS = {
     "moe_fused_slice": "gate and up as one fused 2·I slice (adapters on fused 3-D expert weights)",
     "moe_routed_weight": "mul_routed_weight: one input row per pair, the delta weighted",
     "moe_naive": "naive block assignment (topk_ids as the experts, no sorted ids)",
+    "moe_full_block": "an enabled slot's pairs of one expert exactly fill whole blocks (no padding)",
 }
 
 
@@ -110,4 +111,16 @@ def _routing_features(case: Case) -> dict[str, bool]:
         "moe_fused_slice": case.num_slices == 1 and case.op in ("add_lora_w13", "fused_moe_lora") and not case.routed_weight,
         "moe_routed_weight": case.routed_weight,
         "moe_naive": case.naive_blocks,
+        "moe_full_block": _fills_whole_blocks(case),
     }
+
+
+def _fills_whole_blocks(case: Case) -> bool:
+    if not case.block_size or case.naive_blocks:
+        return False
+    groups: dict[tuple[int, int], int] = {}
+    for slot, ids in zip(case.token_slots, case.topk_ids):
+        for expert in ids:
+            if slot != -1 and slot not in case.disabled_slots and case.local_expert(expert) != -1:
+                groups[slot, case.local_expert(expert)] = groups.get((slot, case.local_expert(expert)), 0) + 1
+    return any(count % case.block_size == 0 for count in groups.values())

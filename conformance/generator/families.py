@@ -150,6 +150,13 @@ class Family:
     def naive_blocks(self, draw) -> bool:
         return False
 
+    def block_size(self, draw) -> int:
+        return draw(st.sampled_from(BLOCK_SIZES))
+
+
+# the BLOCK_SIZE_M values of vLLM's fused-MoE LoRA tile configs
+BLOCK_SIZES = (16, 32, 64)
+
 
 def _draws_on(self, draw) -> bool:
     return draw(st.booleans())
@@ -403,6 +410,12 @@ class Positive(Family):
 class MoEFamily(Family):
     needs_knobs = frozenset({"routing"})
 
+    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
+        # a routing corner only shows on a pair that is served: at least one token with an adapter
+        if all(s == -1 for s in slots):
+            slots[draw(st.integers(0, len(slots) - 1))] = draw(st.integers(0, num_slots - 1))
+        return slots
+
 
 class MoEWideTopK(MoEFamily):
     name, doc, feature = "moe_wide_topk", "4–8 choices per token (Qwen3-MoE routes to 8)", "moe_wide_topk"
@@ -486,19 +499,40 @@ class MoENonLocal(MoEFamily):
 
 
 class MoEDisabledSlot(MoEFamily):
-    name, doc, feature = "moe_disabled", "a token whose slot has no MoE LoRA (adapter_enabled 0)", "moe_disabled"
+    name, doc, feature, min_seqs = "moe_disabled", "a token whose slot has no MoE LoRA (adapter_enabled 0) beside one that has", "moe_disabled", 2
 
     def num_slots(self, draw, limits: Limits) -> int:
         return draw(st.integers(2, max(2, limits.max_slots)))
 
     def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
-        if all(s == -1 for s in slots):
-            slots[draw(st.integers(0, len(slots) - 1))] = draw(st.integers(0, num_slots - 1))
+        # two sequences of two different slots: one is disabled, the other stays served
+        first, second = draw(st.permutations(range(len(slots))))[:2]
+        slots[first], slots[second] = draw(st.permutations(range(num_slots)))[:2]
         return slots
 
     def disabled_slots(self, draw, token_slots, num_slots: int) -> tuple[int, ...]:
         used = sorted({s for s in token_slots if s != -1})
         return (draw(st.sampled_from(used)),)
+
+
+class MoEFullBlock(MoEHotExpert):
+    name, doc, feature = "moe_full_block", "one slot's pairs of one expert exactly fill whole blocks (32 pairs, block size 16 or 32)", "moe_full_block"
+    needs_knobs = frozenset({"routing", "blocks"})
+
+    def num_slots(self, draw, limits: Limits) -> int:
+        return draw(st.integers(1, limits.max_slots))
+
+    def sequence_lengths(self, draw, limits: Limits) -> tuple[int, ...]:
+        return (8, 8, 8, 8)
+
+    def sequence_slots(self, draw, num_seqs: int, num_slots: int) -> tuple[int, ...]:
+        return (draw(st.integers(0, num_slots - 1)),) * num_seqs
+
+    def top_k(self, draw, experts: int) -> int:
+        return 1  # the hot expert then holds exactly the 32 pairs
+
+    def block_size(self, draw) -> int:
+        return draw(st.sampled_from((16, 32)))
 
 
 class MoESharedExperts(MoEFamily):
@@ -548,7 +582,7 @@ FAMILIES: dict[str, Family] = {
         LargeT(), RankPadded(), RankOdd(), RankMax(), RealHidden(), OddHidden(), Slices(), Offset(), WideOutput(),
         NoAddInputs(), Scaled(), Fp32Input(), Bias(), FourDStacks(), Decode(), Positive(),
         MoEWideTopK(), MoEManyExperts(), MoEHotExpert(), MoEDuplicateRouting(), MoEZeroWeight(), MoENonLocal(),
-        MoEDisabledSlot(), MoESharedExperts(), MoEFusedSlice(), MoERoutedWeight(), MoENaiveBlocks(),
+        MoEDisabledSlot(), MoEFullBlock(), MoESharedExperts(), MoEFusedSlice(), MoERoutedWeight(), MoENaiveBlocks(),
     )
 }  # fmt: skip
 

@@ -39,9 +39,6 @@ def _moe_slices(draw, spec: OpSpec, family: Family, limits: Limits) -> tuple[int
     return (draw(st.integers(1, limits.max_width)),) * count
 
 
-BLOCK_SIZES = (16, 32, 64)  # the BLOCK_SIZE_M values of vLLM's fused-MoE LoRA tile configs
-
-
 def _routing(draw, spec: OpSpec, family: Family, limits: Limits, token_slots: tuple[int, ...], num_slots: int) -> dict:
     """The MoE fields of a case (``Case.num_experts`` …), each step asking the family."""
     experts = family.num_experts(draw, limits)
@@ -62,7 +59,7 @@ def _routing(draw, spec: OpSpec, family: Family, limits: Limits, token_slots: tu
         "shared_experts": family.shared_experts(draw),
         "routed_weight": routed,
         "zero_weight_pairs": family.zero_weight_pairs(draw, len(token_slots) * top_k) if routed else (),
-        "block_size": draw(st.sampled_from(BLOCK_SIZES)) if "blocks" in spec.knobs else 0,
+        "block_size": family.block_size(draw) if "blocks" in spec.knobs else 0,
         "naive_blocks": "naive" in spec.knobs and family.naive_blocks(draw),
     }
 

@@ -107,8 +107,11 @@ def kernel_metadata(case: Case, t: Tensors, device) -> tuple:
     Block-aligned by the reference's ``moe_lora_align_block_size`` (a correct alignment: the kernel is
     judged, not the alignment), or the naive form: ``topk_ids.flatten()`` as the experts, no sorted ids.
     """
-    if case.naive_blocks:
-        return None, t["topk_ids"].reshape(-1), None
+    if case.naive_blocks:  # the pairs' local experts (vLLM uses the naive form without an expert_map only)
+        experts = t["topk_ids"].reshape(-1).long()
+        if "expert_map" in t:
+            experts = t["expert_map"].long()[experts]
+        return None, experts.to(torch.int32), None
     sorted_ids, expert_ids, padded, blocks, per_slot = aligned_buffers(
         case.num_tokens * case.top_k, case.global_experts, case.block_size, case.num_slots, "cpu"
     )
