@@ -3,10 +3,12 @@
 Two kinds of file in the report dir:
 
 * ``run.json``, the **manifest**, written once the cases are collected (before the first one runs):
-  what was run (target, profile, seed, shard, expectations), the environment fingerprint, and the
-  case lists: ``expected`` (every case this run is to judge: its shard's share after ``-k``/``-m``),
-  ``shard_cases`` (its shard's share before the selection) and ``case_list`` (the count and digest of
-  the profile's whole list, every shard together: what a merge must add up to);
+  what was run (target, profile, seed, shard, expectations; from a pytest run also ``shard_source``:
+  ``--shard=I/N`` given, or the CI variables ``--shard=auto`` read, ``conformance.sharding``), the
+  environment fingerprint, and the case lists: ``expected`` (every case this run is to judge: its
+  shard's share after ``-k``/``-m``), ``shard_cases`` (its shard's share before the selection) and
+  ``case_list`` (the count and digest of the profile's whole list, every shard together: what a merge
+  must add up to);
 * ``results/<worker>.jsonl``, the **journals**: one line per case, appended and flushed as each
   result arrives (``main`` in a serial run, ``gw0``… under xdist, ``controller`` for the cases the
   controller saw a pytest worker crash on).

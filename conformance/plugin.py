@@ -21,8 +21,10 @@ runs only the cases without a result and completes the same report.
 Under xdist every worker draws the same cases from the same seed and runs its share; the controller
 builds ``results.json`` and renders ``report.html`` (``conformance.report``), and records a case as
 crashed should a pytest worker itself die on it. Across machines, ``--shard I/N`` (0-based) keeps the
-cases whose index in the profile's list is I modulo N; ``python -m conformance.report merge`` joins
-the shards' ``results.json`` files, checks they add up to the profile's case list, and gates them again.
+cases whose index in the profile's list is I modulo N; ``--shard=auto`` reads I and N from the CI system
+or cluster that split the job (``conformance.sharding``), prints which it found, and records it in the
+manifest (``shard_source``); ``python -m conformance.report merge`` joins the shards' ``results.json``
+files, checks they add up to the profile's case list, and gates them again.
 
 Artifacts of every run, in the report dir: ``results.json`` (with the environment fingerprint and
 which device each worker used), ``report.html``, ``junit.xml`` (unless ``--junitxml`` names another;
@@ -42,7 +44,7 @@ import pytest
 import torch
 
 import conformance
-from conformance import journal
+from conformance import journal, sharding
 from conformance.compat import junit_xml_writer
 from conformance.devices import assign_device
 from conformance.generator import DEFAULT_PROFILE, PROFILES
@@ -86,9 +88,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--shard",
-        metavar="I/N",
+        metavar="I/N|auto",
         help="run only shard I of N (0-based, 0 <= I < N): the cases whose index in the profile's list "
-        "is I modulo N; the same on every machine, merge with `python -m conformance.report merge`",
+        "is I modulo N; the same on every machine, merge with `python -m conformance.report merge`. auto: I "
+        "and N from the job's CI variables (GitLab CI parallel, Buildkite and CircleCI parallelism, Kubernetes "
+        f"Indexed Jobs with {sharding.K8S_COMPLETIONS} set to the Job's completions)",
     )
     group.addoption(
         "--devices",
@@ -131,6 +135,7 @@ _RUN_KEY = pytest.StashKey[ConformanceRun]()
 _GATE_KEY = pytest.StashKey[dict]()  # the gate, computed at session finish, printed in the summary
 _WORKERS_KEY = pytest.StashKey[list]()  # the controller's record of each worker's device
 _MANIFEST_KEY = pytest.StashKey[dict]()  # the run's manifest, once the cases are collected
+_SHARD_SOURCE_KEY = pytest.StashKey[tuple]()  # (where the shard came from, for the manifest; the line to print)
 
 
 def conformance_requested(config: pytest.Config) -> bool:
@@ -177,6 +182,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "wrapper: a PunicaWrapper-level op case (design level 2)")
     config.addinivalue_line("markers", "e2e: an end-to-end generation case (design level 4, the model)")
     option = config.option
+    try:
+        config.stash[_SHARD_SOURCE_KEY] = _settle_shard(option)
+    except sharding.ShardDetectionError as exc:
+        raise pytest.UsageError(str(exc)) from None
     settings = RunSettings(**{field.name: getattr(option, field.name) for field in dataclasses.fields(RunSettings)})
     # from xdist's own record, not PYTEST_XDIST_WORKER: a run started from inside an xdist worker
     # (the suite's own tests) inherits that variable in its controller
@@ -203,6 +212,19 @@ def pytest_configure(config: pytest.Config) -> None:
             config.pluginmanager.register(Progress(config, config.option.progress_every), "lora-conformance-progress")
 
 
+def _settle_shard(option) -> tuple[dict | None, str | None]:
+    """Turn ``--shard=auto`` into the I/N the CI variables name (before the run reads the option).
+
+    Returns the manifest's ``shard_source`` and, for ``auto``, the line saying what was found. A
+    resumed run keeps its own manifest, so its ``shard_source`` stays the interrupted run's.
+    """
+    if option.shard != sharding.AUTO:
+        return ({"given": f"--shard={option.shard}"} if option.shard else None), None
+    source = sharding.shard_from_environment()
+    option.shard = source.shard
+    return source.record(), source.announcement()
+
+
 def _default_artifact_paths(config: pytest.Config, run: ConformanceRun) -> None:
     """JUnit XML and Allure results go to the report dir unless the user named other places."""
     option = config.option
@@ -227,6 +249,7 @@ def _write_manifest(config: pytest.Config, nodeids: list[str]) -> None:
     run = config.stash[_RUN_KEY]
     expected = [case_id for case_id in map(journal.case_id_of, nodeids) if case_id is not None]
     config.stash[_MANIFEST_KEY] = manifest = run.manifest(expected)
+    manifest["shard_source"] = config.stash[_SHARD_SOURCE_KEY][0]  # copied into results.json with the rest
     journal.write_manifest(run.report_dir, manifest)
 
 
@@ -348,6 +371,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """At the top of the run: what ``--shard=auto`` found (the verdict section repeats it, for ``-q``)."""
+    announcement = config.stash.get(_SHARD_SOURCE_KEY, (None, None))[1] if _run_of(config) else None
+    return [announcement] if announcement else []
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     if hasattr(config, "workerinput") or _GATE_KEY not in config.stash or _run_of(config) is None:
         return
@@ -355,6 +384,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     write = terminalreporter.write_line
     terminalreporter.section("LoRA conformance verdict")
     write(f"target {run.target_name}, profile {run.about()['profile']}, seed {run.seed}")
+    announcement = config.stash[_SHARD_SOURCE_KEY][1]
+    if announcement:
+        write(announcement)
     write(f"verdict: {'PASS' if gate['passed'] else 'FAIL'} ({gate['rule']})")
     for reason in gate["reasons"]:
         write(f"  - {reason}")
