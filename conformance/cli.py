@@ -3,7 +3,7 @@
     lora-conformance run --target=NAME [pytest options…]   the conformance run (pytest --pyargs conformance …)
     lora-conformance targets [list]                         which targets can run here
     lora-conformance describe NAME                          what one target implements, op × dtype
-    lora-conformance report html|merge|allure …             reports, merges (python -m conformance.report)
+    lora-conformance report html|merge|allure|compare …     reports, merges, comparisons (python -m conformance.report)
 
 ``run`` is ``pytest --pyargs conformance`` with the given options: it works from any directory of an
 environment where the suite is installed, and its exit code is the gate's.

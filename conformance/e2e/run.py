@@ -91,6 +91,32 @@ class FixtureModel:
         return cls(checkpoint, adapter_dirs, adapters, DecoderEngine(ReferenceTarget(), checkpoint, adapters, torch.float64))
 
 
+@dataclass(frozen=True)
+class GeneratedTokens:
+    """The token ids a case's target produced per request (batch order), beside the reference's.
+
+    ``source`` says which: ``greedy`` (free-running greedy; for the invariance checks, the run of the
+    whole batch in its own order) or ``top-1`` (teacher-forced: the target's top-1 at every position
+    of the reference's continuation). Kept small (a few requests × ``MAX_NEW_TOKENS`` ids), so that
+    runs of two targets can be told apart token by token without the logits.
+    """
+
+    source: str
+    target: tuple[tuple[int, ...], ...]
+    reference: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, source: str, got: list[Generation], reference: list[Generation]) -> GeneratedTokens:
+        if source == "top-1":
+            target = tuple(tuple(step.top[0][0] for step in g.steps) for g in got)
+        else:
+            target = tuple(g.tokens for g in got)
+        return cls(source, target, tuple(g.tokens for g in reference))
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "target": [list(t) for t in self.target], "reference": [list(t) for t in self.reference]}
+
+
 @dataclass
 class E2EResult(CaseResult):
     """One end-to-end case's result: an op case's record, at level "model", measured in log-probs.
@@ -101,10 +127,15 @@ class E2EResult(CaseResult):
 
     case: E2ECase
     max_logprob_error: float | None = None  # against the reference (invariance: between the two runs)
+    tokens: GeneratedTokens | None = None  # what the target generated (None: it generated nothing)
 
     @property
     def level(self) -> Level:
         return Level.MODEL
+
+    def to_json(self) -> dict:
+        """The op record, and the generated tokens (``python -m conformance.report compare`` compares them)."""
+        return {**super().to_json(), "tokens": self.tokens.to_json() if self.tokens else None}
 
     def measurement_json(self) -> dict | None:
         """The largest log-prob error and its ratio to the dtype's bound (the report's budget ratio)."""
@@ -185,7 +216,7 @@ class E2ERunner:
             return E2EResult(case.case_id, case, Outcome.NOT_SUPPORTED, reason, features=features)
         self.model(case.model)  # the fixtures, read outside the target's try: a bad file is not the target's fault
         try:
-            problems, max_error = self._check(case)
+            problems, max_error, tokens = self._check(case)
         except NotImplementedError as exc:  # as for op cases: the target declares what it does not do
             message = f"a LoRA call of the decoder raised NotImplementedError: {exc}"
             return E2EResult(case.case_id, case, Outcome.NOT_SUPPORTED, message, features=features)
@@ -197,7 +228,9 @@ class E2ERunner:
             )
         seconds = time.perf_counter() - start
         if not problems:
-            return E2EResult(case.case_id, case, Outcome.PASS, features=features, seconds=seconds, max_logprob_error=max_error)
+            return E2EResult(
+                case.case_id, case, Outcome.PASS, features=features, seconds=seconds, max_logprob_error=max_error, tokens=tokens
+            )
         _, slots = slot_assignment(case.requests, case.max_loras)
         failing = sorted({p.request_index for p in problems})
         problems = sorted(problems, key=lambda p: p.request_index)
@@ -205,10 +238,10 @@ class E2ERunner:
         return E2EResult(
             case.case_id, case, Outcome.FAIL, message, features=features, seconds=seconds,
             failing_slots=tuple(slots[i] for i in failing), max_logprob_error=max_error,
-            kinds=ordered(kind for p in problems for kind in p.kinds),
+            kinds=ordered(kind for p in problems for kind in p.kinds), tokens=tokens,
         )
 
-    def _check(self, case: E2ECase) -> tuple[list[Problem], float | None]:
+    def _check(self, case: E2ECase) -> tuple[list[Problem], float | None, GeneratedTokens]:
         engine, compare = self.engine(case.model, case.dtype), Comparison(case.dtype, self.decode)
         requests, reference = case.requests, self.reference_generations(case)
         continuations = [g.tokens for g in reference]
@@ -224,12 +257,12 @@ class E2ERunner:
             got = engine.score(requests, continuations, TOP_K, case.max_loras)
             for i, (mine, ref) in enumerate(zip(got, reference)):
                 problems += compare.scores(i, mine, ref)
-            return problems, compare.max_logprob_error(got, reference)
+            return problems, compare.max_logprob_error(got, reference), GeneratedTokens.of("top-1", got, reference)
         if case.kind == "greedy_generation":
             got = engine.generate(requests, MAX_NEW_TOKENS, TOP_K, case.max_loras)
             for i, (mine, ref) in enumerate(zip(got, reference)):
                 problems += compare.greedy(i, mine, ref)
-            return problems, compare.max_logprob_error(got, reference, common_prefix=True)
+            return problems, compare.max_logprob_error(got, reference, common_prefix=True), GeneratedTokens.of("greedy", got, reference)
         everyone = list(range(len(requests)))
         if case.kind == "batch_invariance":
             others = [("the same request alone", [i]) for i in everyone]
@@ -245,5 +278,5 @@ class E2ERunner:
                 problems += compare.scores(i, scored[i], other_scored[position], against)
                 problems += compare.greedy(i, generated[i], other_generated[position], against)
             worst = max(worst, compare.max_logprob_error(other_scored, [scored[i] for i in batch]))
-        return problems, worst
+        return problems, worst, GeneratedTokens.of("greedy", generated, reference)
 

@@ -4,6 +4,7 @@
     python -m conformance.report html REPORT_DIR
     python -m conformance.report merge RESULTS.json [RESULTS.json ...] --out DIR
     python -m conformance.report allure REPORT_DIR [--out DIR] [--tools DIR]
+    python -m conformance.report compare RESULTS.json RESULTS.json [...] --out DIR
 
 ``html REPORT_DIR`` rebuilds a run's results.json and report.html from what it wrote as it went (its
 manifest ``run.json`` and the journals ``results/*.jsonl``): after a run that was killed, the report
@@ -14,7 +15,12 @@ when the inputs cannot be merged: different targets, profiles, seeds, Hypothesis
 lists). ``allure`` turns
 REPORT_DIR/allure-results into one self-contained REPORT_DIR/allure-report/index.html with the pinned
 npm allure (``npm ci --prefix report-tools`` first), offline; it exits 2 naming what to install when
-Node or that install is missing.
+Node or that install is missing. ``compare`` reads the results of runs of different targets with the
+same profile and seed (a results.json or its report dir each) and writes DIR/compare.json and
+DIR/compare.html: per op × dtype each run's outcomes and budget ratios, which is closer to the
+reference, the cases whose outcomes differ, those some run does not support, and whether the
+end-to-end cases generated the same tokens; it exits 0, or 2 when the runs did not judge the same
+cases (naming the difference).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from pathlib import Path
 
 from conformance import journal
 from conformance.report.allure_html import AllureToolMissing, generate_allure_html
+from conformance.report.compare import CompareError, compare_documents, read_run
+from conformance.report.compare_html import write_compare_html
 from conformance.report.html import write_html_report
 from conformance.report.merge import MergeError, merge_documents, read_document
 
@@ -55,9 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     allure.add_argument("report_dir", metavar="REPORT_DIR")
     allure.add_argument("--out", metavar="DIR", help="output folder (default: REPORT_DIR/allure-report)")
     allure.add_argument("--tools", metavar="DIR", help="the npm-installed report-tools folder (default: the checkout's)")
+    compare = commands.add_parser("compare", help="compare runs of different targets over the same cases (same profile and seed)")
+    compare.add_argument("results", metavar="RESULTS.json|REPORT_DIR", nargs="+")
+    compare.add_argument("--out", metavar="DIR", required=True, help="where compare.json and compare.html go")
     args = parser.parse_args(argv)
     if args.command == "allure":
         return _allure(args)
+    if args.command == "compare":
+        return _compare(args)
     try:
         if args.command == "html":
             if Path(args.results).is_dir():
@@ -93,6 +106,39 @@ def _rebuild(report_dir: Path, out: str | None) -> int:
         print(f"to run the {len(document['missing'])} case(s) without a result: pytest conformance --resume {report_dir}")
     print(f"results: {report_dir / 'results.json'}\nreport: {report}")
     return 0 if document["gate"]["passed"] else 1
+
+
+def _compare(args) -> int:
+    try:
+        comparison = compare_documents([read_run(path) for path in args.results], args.results)
+    except CompareError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(comparison, indent=1) + "\n")
+    page = write_compare_html(comparison, out / "compare.html")
+    print(comparison_line(comparison))
+    print(f"comparison: {out / 'compare.json'}\nreport: {page}")
+    return 0
+
+
+def comparison_line(comparison: dict) -> str:
+    summary = comparison["summary"]
+    labels = " vs ".join(run["label"] for run in comparison["runs"])
+    closer = ", ".join(f"{label} on {n}" for label, n in summary["closer"].items())
+    judged = [entry for entry in comparison["e2e"] if entry["agree"] is not None]  # every run recorded tokens
+    unknown = len(comparison["e2e"]) - len(judged)
+    tokens = (
+        f"; end-to-end tokens the same in {sum(1 for e in judged if e['agree'])} of {len(judged)} case(s)"
+        + (f" ({unknown} without tokens in some run)" if unknown else "")
+        if comparison["e2e"] else ""
+    )
+    return (
+        f"compare: {labels}, profile {comparison['profile']}, seed {comparison['seed']}, {comparison['cases']} cases: "
+        f"{summary['differing']} differ, {summary['unsupported_by_some']} not supported by some; closer to the reference "
+        f"where all pass (op × dtype): {closer}, as close on {summary['as_close']}{tokens}"
+    )
 
 
 def _allure(args) -> int:
