@@ -175,6 +175,13 @@ def run_case(target: Target, case: Case, case_id: str | None = None, values: Ten
 
 def _checked_result(spec: OpSpec, case: Case, case_id: str, values: Tensors, after: Tensors, features, seconds: float) -> CaseResult:
     """An op judged by its invariants (``OpSpec.check``), not against the oracle: each problem names its slot."""
+    reshaped = [
+        f"output {name!r} has shape {tuple(after[name].shape)} and dtype {after[name].dtype}; expected {tuple(values[name].shape)} and {values[name].dtype}"
+        for name in spec.outputs
+        if after[name].shape != values[name].shape or after[name].dtype != values[name].dtype
+    ]
+    if reshaped:  # the invariants read the outputs in their contract's layout
+        return CaseResult(case_id, case, Outcome.FAIL, "; ".join(reshaped), None, features, seconds, kinds=(FailureKind.WRONG_OUTPUT_TYPE,))
     problems = spec.check(case, after, values)
     changed = modified_inputs(spec, values, after)
     if not problems and not changed:

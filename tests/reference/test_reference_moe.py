@@ -107,3 +107,16 @@ def test_the_invariants_name_what_a_broken_alignment_gets_wrong(moe_cases):
     if padding.numel():  # padding that is a real pair id: another pair is served twice
         in_range["sorted_token_ids"].view(case.num_slots, per_slot)[slot, int(padding[0])] = int(row[first_real])
         assert check_alignment(case, in_range, values) != [], case_id
+
+
+def test_an_alignment_of_another_shape_fails_instead_of_breaking_the_harness(moe_cases):
+    from conformance.runner import _checked_result
+    from conformance.verdict import FailureKind, Outcome
+
+    case_id, case = next((i, c) for i, c in moe_cases if c.op == "moe_lora_align_block_size")
+    spec, values = OP_SPECS[case.op], make_values(case)
+    after = execute(spec, case, values, ReferenceTarget(), torch.device("cpu"))
+    after["sorted_token_ids"] = after["sorted_token_ids"][:-1]  # a target that returned a shorter buffer
+    result = _checked_result(spec, case, case_id, values, after, frozenset(), 0.0)
+    assert result.outcome is Outcome.FAIL and result.kind is FailureKind.WRONG_OUTPUT_TYPE
+    assert "sorted_token_ids" in result.message
