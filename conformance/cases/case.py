@@ -50,7 +50,7 @@ class Case:
     top_k: int = 0  # choices per token
     topk_ids: tuple[tuple[int, ...], ...] = ()  # per token, the global expert of each choice
     expert_map: tuple[int, ...] = ()  # global expert → local expert or −1 (expert parallelism); () = all local
-    disabled_slots: tuple[int, ...] = ()  # slots whose adapter_enabled is 0
+    disabled_slots: tuple[int, ...] = ()  # slots whose adapter_enabled (MoE) / module_enabled (full linear) is 0
     shared_experts: bool = False  # w13's A / w2's B with expert dim 1 (shared-expert LoRA)
     routed_weight: bool = False  # mul_routed_weight: x has T·top_k rows, the delta is weighted
     zero_weight_pairs: tuple[int, ...] = ()  # pairs t·top_k + k whose routing weight is exactly 0
@@ -77,6 +77,8 @@ class Case:
             problems.append(f"expand_input_dtype {self.expand_input_dtype!r} is not a dtype name")
         if self.distribution not in ("normal", "positive"):
             problems.append(f"distribution {self.distribution!r} is not normal or positive")
+        if any(not 0 <= s < self.num_slots for s in self.disabled_slots):
+            problems.append(f"disabled_slots {self.disabled_slots} outside [0, {self.num_slots - 1}]")
         if self.num_experts or self.top_k or self.topk_ids:
             problems += self._routing_problems()
         if problems:
@@ -94,8 +96,6 @@ class Case:
             local = sorted(e for e in self.expert_map if e != -1)
             if local != list(range(self.num_experts)):
                 problems.append(f"expert_map {self.expert_map} must map onto each of the {self.num_experts} local experts once")
-        if any(not 0 <= s < self.num_slots for s in self.disabled_slots):
-            problems.append(f"disabled_slots {self.disabled_slots} outside [0, {self.num_slots - 1}]")
         if any(not 0 <= p < self.num_tokens * self.top_k for p in self.zero_weight_pairs):
             problems.append(f"zero_weight_pairs {self.zero_weight_pairs} outside the {self.num_tokens * self.top_k} pairs")
         if len(set(self.output_slices)) > 1:

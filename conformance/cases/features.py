@@ -49,6 +49,8 @@ FEATURE_DOCS = {
     "moe_routed_weight": "mul_routed_weight: one input row per pair, the delta weighted",
     "moe_naive": "naive block assignment (topk_ids as the experts, no sorted ids)",
     "moe_full_block": "an enabled slot's pairs of one expert exactly fill whole blocks (no padding)",
+    # apply_lora_full_linear
+    "module_disabled": "a sampled row whose slot's full-linear module is disabled (module_enabled False)",
 }
 
 
@@ -92,6 +94,8 @@ def case_features(case: Case) -> frozenset[str]:
     }
     if case.is_moe:
         found.update(_routing_features(case))
+    else:  # only apply_lora_full_linear reads disabled slots outside the MoE ops
+        found["module_disabled"] = bool({s for s in case.sampled_slots if s != -1} & set(case.disabled_slots))
     return frozenset(name for name, present in found.items() if present)
 
 

@@ -54,6 +54,12 @@ def lora_b_stack(gen: torch.Generator, case: Case, width: int) -> torch.Tensor:
     return _stack_layout(case, stack)
 
 
+def full_weight_stack(gen: torch.Generator, case: Case, width: int) -> torch.Tensor:
+    """``[L, P, H]`` (or ``[L, 1, P, H]``): a whole linear layer per slot (``apply_lora_full_linear``),
+    scaled by 1/√H like LoRA-A so each output stays O(1)."""
+    return _stack_layout(case, _weights(gen, case, (case.num_slots, width, case.hidden_size), case.hidden_size))
+
+
 def bias_stack(gen: torch.Generator, case: Case, width: int) -> torch.Tensor:
     """``[L, N]`` (or ``[L, 1, N]``): one bias row per slot."""
     return _stack_layout(case, activations(gen, case, (case.num_slots, width), torch.float64))

@@ -515,6 +515,13 @@ class MoEDisabledSlot(MoEFamily):
         return (draw(st.sampled_from(used)),)
 
 
+class ModuleDisabled(MoEDisabledSlot):
+    """The same corner for apply_lora_full_linear's module_enabled: a disabled head's row keeps the base output."""
+
+    name, doc, feature = "module_disabled", "a sampled row whose slot's full-linear module is disabled beside one that is enabled", "module_disabled"
+    needs_knobs = frozenset({"module_enabled"})
+
+
 class MoEFullBlock(MoEHotExpert):
     name, doc, feature = "moe_full_block", "one slot's pairs of one expert exactly fill whole blocks (32 pairs, block size 16 or 32)", "moe_full_block"
     needs_knobs = frozenset({"routing", "blocks"})
@@ -583,6 +590,7 @@ FAMILIES: dict[str, Family] = {
         NoAddInputs(), Scaled(), Fp32Input(), Bias(), FourDStacks(), Decode(), Positive(),
         MoEWideTopK(), MoEManyExperts(), MoEHotExpert(), MoEDuplicateRouting(), MoEZeroWeight(), MoENonLocal(),
         MoEDisabledSlot(), MoEFullBlock(), MoESharedExperts(), MoEFusedSlice(), MoERoutedWeight(), MoENaiveBlocks(),
+        ModuleDisabled(),
     )
 }  # fmt: skip
 

@@ -24,7 +24,7 @@ def _slices(draw, spec: OpSpec, family: Family, limits: Limits, big_width: bool)
         count = 1
     else:
         count = family.slice_count(draw, spec)
-    if spec.knobs & {"add_inputs", "expand_input"} or spec.name in ("add_lora_linear", "add_lora_logits"):
+    if spec.knobs & {"add_inputs", "expand_input"} or spec.name in ("add_lora_linear", "add_lora_logits", "apply_lora_full_linear"):
         first = family.feature_size(draw, limits.max_width) if big_width else draw(st.integers(1, limits.max_width))
         widths = [first] + draw(st.lists(st.integers(1, limits.max_width), min_size=count - 1, max_size=count - 1))
         if family.distinct_widths() and len(set(widths)) == 1:
@@ -105,6 +105,8 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
     distribution = family.distribution(draw)
     token_slots = tuple(slot for slot, n in zip(seq_slots, seq_lens) for _ in range(n))
     routing = _routing(draw, spec, family, limits, token_slots, num_slots) if moe else {}
+    if "module_enabled" in spec.knobs:  # drawn last, so the other ops' draws stay as they were
+        routing["disabled_slots"] = family.disabled_slots(draw, seq_slots, num_slots)
     return Case(
         op=spec.name,
         dtype=dtype,

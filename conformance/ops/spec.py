@@ -29,6 +29,8 @@ KNOBS = frozenset({
     # the fused-MoE ops (conformance.ops.moe): the routing itself, gate/up as two slices or one fused,
     # mul_routed_weight drawn both ways, the kernels' block size and naive block assignment
     "routing", "gate_up", "routed_weight", "blocks", "naive",
+    # apply_lora_full_linear: slots whose full-linear module is disabled (Case.disabled_slots)
+    "module_enabled",
 })  # fmt: skip
 
 

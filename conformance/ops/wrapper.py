@@ -2,6 +2,11 @@
 
 Before each call the runner hands the target ``update_metadata(case_mapping(case))``. Stacks are
 passed as tuples (one per slice) exactly as vLLM's LoRA layers pass them.
+
+``apply_lora_full_linear`` (vLLM's classification heads) is the one op that *replaces* rows: a
+whole per-adapter linear layer over the sampled rows (one per request), skipped for rows of slot −1
+and for slots whose module is disabled. Its disabled slots are the case's ``disabled_slots`` (the
+field the MoE ops read as ``adapter_enabled`` 0), handed over as vLLM's bool ``module_enabled``.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from conformance.cases.case import Case
-from conformance.cases.values import activations, bias_stack, lora_a_stack, lora_b_stack
+from conformance.cases.values import activations, bias_stack, full_weight_stack, lora_a_stack, lora_b_stack
 from conformance.reference import LoRAMapping, PunicaWrapperReference
 
 from .kernel import expand_values, expand_written, shrink_values, shrink_written
@@ -76,6 +81,21 @@ def logits_values(case: Case, gen: torch.Generator) -> Tensors:
     }
 
 
+def full_linear_values(case: Case, gen: torch.Generator) -> Tensors:
+    rows, width = len(case.sampled_slots), case.output_width
+    enabled = torch.ones(case.num_slots, dtype=torch.bool)
+    enabled[list(case.disabled_slots)] = False
+    bias = activations(gen, case, (case.num_slots, width), case.torch_dtype)
+    return {
+        "x": activations(gen, case, (rows, case.hidden_size), case.torch_dtype),
+        "weight.0": full_weight_stack(gen, case, width),
+        # vLLM's layer always passes a [L, P] bias, zero for a head without one (the "bias" knob off)
+        "bias.0": bias if case.bias else torch.zeros_like(bias),
+        "module_enabled": enabled,
+        "out": activations(gen, case, (rows, width), case.torch_dtype),
+    }
+
+
 # -- calls -------------------------------------------------------------------------------------
 
 
@@ -108,6 +128,10 @@ def _add_lora_logits(case: Case, t: Tensors, device) -> OpCall:
     return OpCall((t["out"], t["x"], t["lora_a.0"], t["lora_b.0"], case.scale), {})
 
 
+def _apply_lora_full_linear(case: Case, t: Tensors, device) -> OpCall:
+    return OpCall((t["out"], t["x"], t["weight.0"], t["bias.0"], t["module_enabled"]), {})
+
+
 # -- written regions ---------------------------------------------------------------------------
 
 
@@ -117,6 +141,13 @@ def all_columns_written(case: Case) -> torch.Tensor:
 
 def logits_written(case: Case) -> torch.Tensor:
     return rows_and_columns(case.sampled_slots, case.output_width, 0, case.output_width)
+
+
+def full_linear_written(case: Case) -> torch.Tensor:
+    """Sampled rows of a slot ≠ −1 whose module is enabled, every column (the row is replaced)."""
+    disabled = set(case.disabled_slots)
+    served = [s != -1 and s not in disabled for s in case.sampled_slots]
+    return torch.tensor(served, dtype=torch.bool)[:, None].expand(-1, case.output_width).clone()
 
 
 def _wrapper(name, summary, knobs, values, call, written, max_slices=1, rows="tokens") -> OpSpec:
@@ -146,5 +177,9 @@ WRAPPER_OP_SPECS = (
     _wrapper(
         "add_lora_logits", "logits += scale · (h @ A[slot]ᵀ) @ B[slot]ᵀ per sampled row", {"hidden", "scale"}, logits_values, _add_lora_logits, logits_written,
         rows="sampled",
+    ),
+    _wrapper(
+        "apply_lora_full_linear", "y[p] = x[p] @ W[slot]ᵀ + bias[slot] per sampled row of an enabled module (replaced)",
+        {"hidden", "bias", "module_enabled"}, full_linear_values, _apply_lora_full_linear, full_linear_written, rows="sampled",
     ),
 )

@@ -14,7 +14,14 @@ the optional keyword ``lora_bias_stacked``. ``update_metadata`` takes the suite'
 * ``add_lora_w13`` / ``add_lora_w2``: the fused-MoE LoRA deltas (docs/moe.md), composed as vLLM's GPU
   wrapper composes them: ``moe_lora_align_block_size`` into block-aligned metadata, then
   ``fused_moe_lora`` (w2 with ``mul_routed_weight``). The suite's hardware-neutral signature: no
-  Triton tile configs, and w2 takes the routing rather than w13's sorted ids.
+  Triton tile configs, and w2 takes the routing rather than w13's sorted ids;
+* ``apply_lora_full_linear(y, x, weight_stacked, bias_stacked, module_enabled)``: a whole replacement
+  linear layer per adapter (vLLM's classification heads, ``modules_to_save``), indexed by the *sampled*
+  rows' slots (one per request, as vLLM's wrappers index it): for a row of slot ``l ≠ −1`` with
+  ``module_enabled[l]``, ``y[p] = x[p] @ W[l]ᵀ + bias[l]``, computed in float32 (float64 for the
+  oracle) and rounded once to ``y``'s dtype; the row is *replaced*, not accumulated into. ``W`` is
+  ``[L, (1,) P, H]``, ``bias`` ``[L, P]`` (``None``: no bias), ``module_enabled`` bool ``[L]``. Rows of
+  slot −1 and rows whose slot's module is disabled stay bit-identical.
 """
 
 from __future__ import annotations
@@ -118,6 +125,26 @@ class PunicaWrapperReference:
         buffer = buffer.view(1, x.size(0), -1)
         lora_shrink(x, [lora_a_stacked], buffer, *meta, scale)
         lora_expand(buffer, [lora_b_stacked], y2d, *meta, 0, True)
+
+    def apply_lora_full_linear(self, y: torch.Tensor, x: torch.Tensor, weight_stacked: torch.Tensor,
+                               bias_stacked: torch.Tensor | None, module_enabled: torch.Tensor) -> None:
+        """``y[p] = x[p] @ W[l]ᵀ + bias[l]`` for sampled rows of an enabled slot ``l``; every other row untouched."""
+        y2d = y.view(-1, y.size(-1))
+        x = x.reshape(-1, x.size(-1))
+        self._meta(self.sampled_meta, x.size(0))
+        weights = weight_stack(weight_stacked)  # [L, P, H]
+        if y2d.size(0) != x.size(0) or weights.size(1) != y2d.size(1):
+            raise ValueError(f"y {tuple(y2d.shape)} does not fit x {tuple(x.shape)} and the weights {tuple(weights.shape)}")
+        enabled = module_enabled.reshape(-1).bool().tolist()
+        biases = None if bias_stacked is None else bias_stacked.reshape(bias_stacked.size(0), -1)
+        acc = accumulation_dtype(x, weights)
+        for slot, rows in rows_per_adapter(self.mapping.sampled_slot_tensor()):
+            if not enabled[slot]:
+                continue
+            result = x[rows].to(acc) @ weights[slot].to(acc).T
+            if biases is not None:
+                result = result + biases[slot].to(acc)  # added before the one rounding to y's dtype
+            y2d[rows] = result.to(y2d.dtype)
 
     def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
                      expert_map=None, offset: int = 0, add_inputs: bool = True, **kwargs) -> None:

@@ -49,6 +49,12 @@ def lora_index_to_id(num_slots: int) -> list[int | None]:
     return list(range(1, num_slots + 1))
 
 
+def needs_lora_bias(case) -> bool:
+    """The case passes ``lora_bias_stacked``. A full-linear head's bias is an argument of its own
+    (``apply_lora_full_linear``'s ``bias_stacked``, always there), not LoRA bias."""
+    return case.bias and case.op != "apply_lora_full_linear"
+
+
 def accepts_keyword(function, name: str) -> bool:
     return name in inspect.signature(function).parameters
 
@@ -57,7 +63,9 @@ class VllmWrapperMethods:
     """The five wrapper methods, forwarded to a vLLM ``PunicaWrapper`` held in ``self.wrapper``.
 
     LoRA bias is forwarded only where the installed vLLM accepts ``lora_bias_stacked``; elsewhere
-    ``unsupported_reason`` declares bias cases not supported.
+    ``unsupported_reason`` declares bias cases not supported. ``apply_lora_full_linear`` (the
+    classification heads, vLLM ≥ 0.32) is forwarded only where the installed wrapper class implements
+    it; elsewhere the attribute is ``None``, so the op is not implemented rather than crashing.
     """
 
     wrapper: Any
@@ -83,3 +91,14 @@ class VllmWrapperMethods:
 
     def add_lora_logits(self, y, x, lora_a_stacked, lora_b_stacked, scale, *, buffer=None, **kwargs):
         self.wrapper.add_lora_logits(y, x, lora_a_stacked, lora_b_stacked, scale, buffer=buffer, **kwargs)
+
+    @property
+    def apply_lora_full_linear(self):
+        # A property, because whether the op exists depends on the installed vLLM, not on this class.
+        method = getattr(getattr(self, "wrapper_class", None), "apply_lora_full_linear", None)
+        if method is None or getattr(method, "__isabstractmethod__", False):
+            return None
+        return self._forward_full_linear
+
+    def _forward_full_linear(self, y, x, weight_stacked, bias_stacked, module_enabled):
+        self.wrapper.apply_lora_full_linear(y, x, weight_stacked, bias_stacked, module_enabled)

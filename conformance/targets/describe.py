@@ -51,6 +51,8 @@ FEATURE_PROBES = (
     ("mul_routed_weight", "routed_weight", {"routed_weight": True}),
     ("block size 64", "blocks", {"block_size": 64}),
     ("naive block assignment", "naive", {"naive_blocks": True}),
+    # apply_lora_full_linear
+    ("a disabled full-linear module", "module_enabled", {"disabled_slots": (0,)}),
 )
 
 

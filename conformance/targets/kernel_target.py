@@ -28,19 +28,20 @@ every token has slot −1.
 Which kernels each wrapper op needs (a wrapper op whose kernels are missing is not implemented, so
 the runner reports its cases "not supported"):
 
-====================  ============================================  =======================================
-wrapper op            lora composition                              classic composition
-====================  ============================================  =======================================
-add_shrink            lora_shrink                                   sgmv_shrink and bgmv_shrink
-add_expand            lora_expand                                   sgmv_expand_slice and bgmv_expand_slice
-add_lora_embedding    lora_expand                                   sgmv_expand and bgmv_expand
-add_lora_logits       lora_shrink and lora_expand                   bgmv_shrink and bgmv_expand
-add_lora_w13          moe_lora_align_block_size and fused_moe_lora  fused_moe_lora (naive block assignment)
-add_lora_w2           moe_lora_align_block_size and fused_moe_lora  fused_moe_lora (naive block assignment)
-add_lora_linear       ``add_shrink`` then ``add_expand`` (each by whichever composition it has)
-====================  ============================================  =======================================
+======================  ============================================  =======================================
+wrapper op              lora composition                              classic composition
+======================  ============================================  =======================================
+add_shrink              lora_shrink                                   sgmv_shrink and bgmv_shrink
+add_expand              lora_expand                                   sgmv_expand_slice and bgmv_expand_slice
+add_lora_embedding      lora_expand                                   sgmv_expand and bgmv_expand
+add_lora_logits         lora_shrink and lora_expand                   bgmv_shrink and bgmv_expand
+apply_lora_full_linear  lora_shrink                                   bgmv_shrink
+add_lora_w13            moe_lora_align_block_size and fused_moe_lora  fused_moe_lora (naive block assignment)
+add_lora_w2             moe_lora_align_block_size and fused_moe_lora  fused_moe_lora (naive block assignment)
+add_lora_linear         ``add_shrink`` then ``add_expand`` (each by whichever composition it has)
+======================  ============================================  =======================================
 
-Each of the first six uses the first composition in ``wrapper_paths`` (``("lora", "classic")``
+Each of the first seven uses the first composition in ``wrapper_paths`` (``("lora", "classic")``
 unless a subclass says otherwise) whose kernels are all present. A wrapper method the subclass
 defines itself always wins and counts as implemented (set it to ``None`` to opt out of one);
 ``add_lora_linear`` calls ``self.add_shrink`` and ``self.add_expand``, so it composes from
@@ -54,7 +55,11 @@ decide, and so does this base:
   slot is not −1, in the columns of its slice counted from ``offset_start`` (vLLM's ``_apply_bias``
   starts at column 0 and runs before the expand, which then overwrites it when ``add_inputs=False``);
 * ``add_lora_linear`` and ``add_lora_logits`` shrink into a zeroed float32 buffer of the LoRA-B rank
-  when the caller passes ``buffer=None`` (a caller's buffer must be zeroed, as in vLLM).
+  when the caller passes ``buffer=None`` (a caller's buffer must be zeroed, as in vLLM);
+* ``apply_lora_full_linear`` is composed as both vLLM wrappers compose it: the whole per-slot weight
+  shrunk at scale 1 over the sampled rows into a zeroed float32 buffer (``lora_shrink`` with the sampled
+  rows' metadata, or ``bgmv_shrink`` with their slots), then the bias added in float32 and the rows of
+  an enabled slot replaced (rounded once), every other row kept by ``torch.where``.
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ KERNELS_NEEDED: dict[str, dict[str, tuple[str, ...]]] = {
         "add_expand": ("lora_expand",),
         "add_lora_embedding": ("lora_expand",),
         "add_lora_logits": ("lora_shrink", "lora_expand"),
+        "apply_lora_full_linear": ("lora_shrink",),
         "add_lora_w13": ("moe_lora_align_block_size", "fused_moe_lora"),
         "add_lora_w2": ("moe_lora_align_block_size", "fused_moe_lora"),
     },
@@ -83,6 +89,7 @@ KERNELS_NEEDED: dict[str, dict[str, tuple[str, ...]]] = {
         "add_expand": ("sgmv_expand_slice", "bgmv_expand_slice"),
         "add_lora_embedding": ("sgmv_expand", "bgmv_expand"),
         "add_lora_logits": ("bgmv_shrink", "bgmv_expand"),
+        "apply_lora_full_linear": ("bgmv_shrink",),
         "add_lora_w13": ("fused_moe_lora",),  # the naive block assignment
         "add_lora_w2": ("fused_moe_lora",),
     },
@@ -287,6 +294,24 @@ class KernelTarget(Target):
         else:
             self.bgmv_shrink(x, lora_a_stacked, buffer, self.sampled_indices, scale)
             self.bgmv_expand(buffer, lora_b_stacked, y2d, self.sampled_indices, True)
+
+    def apply_lora_full_linear(self, y: torch.Tensor, x: torch.Tensor, weight_stacked: torch.Tensor,
+                               bias_stacked: torch.Tensor | None, module_enabled: torch.Tensor) -> None:
+        """``y[p] = x[p] @ W[slot_p]ᵀ + bias[slot_p]`` for sampled rows of an enabled slot; the row is replaced."""
+        y2d = y.view(-1, y.size(-1))
+        x = x.reshape(-1, x.size(-1))
+        product = self.zero_buffer(1, x.size(0), weight_stacked.size(-2))[0]
+        if self._path("apply_lora_full_linear") == "lora":
+            meta = self._meta_args(self.sampled_meta, x.size(0))
+            self.lora_shrink(x, [weight_stacked], product.unsqueeze(0), *meta, 1.0)
+        else:
+            self.bgmv_shrink(x, weight_stacked, product, self.sampled_indices, 1.0)
+        slots = self.sampled_indices
+        safe = slots.clamp(min=0)  # −1 rows read slot 0 here and are discarded by the where below
+        served = (slots >= 0) & module_enabled.to(slots.device).bool()[safe]
+        if bias_stacked is not None:
+            product = product + bias_stacked.reshape(bias_stacked.size(0), -1)[safe].to(product.dtype)
+        y2d.copy_(torch.where(served[:, None], product.to(y2d.dtype), y2d))
 
     def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
                      expert_map=None, offset: int = 0, add_inputs: bool = True, **kwargs) -> None:

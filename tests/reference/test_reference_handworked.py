@@ -487,3 +487,42 @@ def test_wrapper_refuses_mismatched_slices_and_rows():
 def test_wrapper_needs_metadata_first():
     with pytest.raises(RuntimeError, match="update_metadata"):
         PunicaWrapperReference().add_lora_embedding(rows_of(0, width=3), S[:1], B)
+
+
+# -- apply_lora_full_linear: a whole linear layer per slot, replacing the row ------------------------------
+
+# Three slots of a 2-label head over H = 2: W[l] is [P = 2, H = 2], bias[l] is [2].
+W_FULL = f64([[[1, 0], [0, 1]], [[1, 1], [2, -1]], [[0, 3], [1, 0]]])
+BIAS_FULL = f64([[10, 20], [0, -1], [5, 5]])
+
+
+def test_apply_lora_full_linear_replaces_enabled_rows_and_leaves_the_others():
+    # Tokens use slots (2, 2, 2, 0) but the sampled rows (one per request) use (1, −1, 2, 0); slot 2 is disabled.
+    wrapper = PunicaWrapperReference()
+    wrapper.update_metadata(LoRAMapping((2, 2, 2, 0), (1, -1, 2, 0), (1, 1, 1, 1), True, 3))
+    x = f64([[1, 2], [3, 4], [5, 6], [7, 8]])
+    y = torch.full((4, 2), SENTINEL, dtype=torch.float64)
+    enabled = torch.tensor([True, True, False])
+    wrapper.apply_lora_full_linear(y, x, W_FULL.unsqueeze(1), BIAS_FULL, enabled)
+    # row 0, slot 1: (1 + 2, 2 − 2) + (0, −1) = (3, −1);  row 3, slot 0: (7, 8) + (10, 20) = (17, 28)
+    # row 1 (slot −1) and row 2 (slot 2, disabled) keep the base output: the sentinel, not a sum with it
+    assert_exact(y, [[3, -1], [SENTINEL, SENTINEL], [SENTINEL, SENTINEL], [17, 28]])
+
+
+def test_apply_lora_full_linear_without_bias_and_with_a_three_dimensional_stack():
+    wrapper = wrapper_for([2, 0], 3)
+    y = torch.full((2, 2), SENTINEL, dtype=torch.float64)
+    wrapper.apply_lora_full_linear(y, f64([[1, 2], [3, 4]]), W_FULL, None, torch.ones(3, dtype=torch.bool))
+    # row 0, slot 2: (0·1 + 3·2, 1·1 + 0·2) = (6, 1);  row 1, slot 0: identity (3, 4)
+    assert_exact(y, [[6, 1], [3, 4]])
+
+
+def test_apply_lora_full_linear_rounds_once_to_the_output_dtype():
+    # 1 + 2⁻¹¹ is not a float16; its sum with a bias of 2⁻¹¹ is (1 + 2⁻¹⁰): rounding the product first
+    # (to 1.0) and then adding the bias (1 + 2⁻¹¹ → 1.0 again, ties to even) would lose it.
+    wrapper = wrapper_for([0], 1)
+    weight = torch.tensor([[[1.0, 2.0**-11]]], dtype=torch.float32)  # [L = 1, P = 1, H = 2]
+    y = torch.zeros(1, 1, dtype=torch.float16)
+    x = torch.tensor([[1.0, 1.0]], dtype=torch.float32)
+    wrapper.apply_lora_full_linear(y, x, weight, torch.tensor([[2.0**-11]]), torch.ones(1, dtype=torch.bool))
+    assert y.item() == 1 + 2.0**-10

@@ -374,6 +374,7 @@ def test_describe_the_example_backend(example_class):
         "add_lora_linear": "derived from kernels (lora_shrink, lora_expand) via add_shrink then add_expand",
         "add_lora_embedding": "derived from kernels (lora_expand)",
         "add_lora_logits": "derived from kernels (lora_shrink, lora_expand)",
+        "apply_lora_full_linear": "derived from kernels (lora_shrink)",
         "fused_moe_lora": "not supported: plain-example does not define fused_moe_lora",
         "moe_lora_align_block_size": "not supported: plain-example does not define moe_lora_align_block_size",
         "add_lora_w13": no_moe_kernels,

@@ -32,7 +32,8 @@ from conformance.targets.vllm_cuda import moe_align_unavailable_reason as real_m
 from conformance.verdict import Outcome
 
 DENSE_OPS = (
-    "lora_shrink", "lora_expand", "add_shrink", "add_expand", "add_lora_linear", "add_lora_embedding", "add_lora_logits"
+    "lora_shrink", "lora_expand", "add_shrink", "add_expand", "add_lora_linear", "add_lora_embedding", "add_lora_logits",
+    "apply_lora_full_linear",
 )
 MOE_OPS = ("fused_moe_lora", "moe_lora_align_block_size", "add_lora_w13", "add_lora_w2")
 CUDA_OPS = DENSE_OPS + MOE_OPS

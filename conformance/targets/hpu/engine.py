@@ -125,6 +125,7 @@ class LoRAEngine:
         self._merge = self.layer.prepare(writeback.merge)
         self._add_bias = self.layer.prepare(writeback.add_bias)
         self._accumulate = self.layer.prepare(writeback.accumulate)
+        self._replace = self.layer.prepare(writeback.replace)
 
     @property
     def device(self) -> torch.device:
@@ -188,6 +189,27 @@ class LoRAEngine:
         target = _columns(out, column, b.size(1))
         delta = self.variant.linear(pad_rows(x, rows.padded), a_stack, b_stack, rows, scale)
         self._finish(target, delta, rows, True, bias)
+
+    def full_linear_into(
+        self, out: torch.Tensor, x: torch.Tensor, weight_stack: torch.Tensor, bias: torch.Tensor | None, rows: PaddedRows
+    ) -> None:
+        """``out[t] = x[t] @ W_lᵀ (+ bias_l)`` for rows with an adapter, replacing the row; others untouched.
+
+        A full linear layer per slot is a shrink whose "rank" is the output width: the variant's shrink
+        computes it in float32 (the mask's ``[T, L·P]`` block or the gather), the bias rows come as
+        LoRA bias does, and ``writeback.replace`` rounds once and keeps the other rows bit for bit.
+        """
+        _, width, hidden = as_3d(weight_stack).shape
+        _check_rows(rows, x=x, out=out)
+        if x.size(-1) != hidden:
+            raise ValueError(f"inputs have {x.size(-1)} features but the weights expect {hidden}")
+        if out.size(-1) != width:
+            raise ValueError(f"the output has {out.size(-1)} columns, the weights {width} rows")
+        if bias is not None and bias[0].numel() != width:
+            raise ValueError(f"the bias {tuple(bias.shape)} does not match an output of width {width}")
+        product = self.variant.shrink(pad_rows(x, rows.padded), weight_stack, rows, 1.0)
+        bias_rows = None if bias is None else self.variant.table_rows(bias, rows)
+        self._write(out, self._replace(pad_rows(out, rows.padded), product, bias_rows, rows.row_active), rows)
 
     def moe_into(
         self,

@@ -84,6 +84,16 @@ class PaddedRows:
     def gather_index(self) -> torch.Tensor:
         return self._memoized(("gather_index",), lambda: self.slots.clamp(min=0))
 
+    def only_enabled(self, enabled: torch.Tensor) -> PaddedRows:
+        """The same rows with those whose slot is disabled (``enabled[slot]`` false) turned into −1 rows.
+
+        Decided by the one-hot mask, not by indexing ``enabled`` with the slots: no index op, and the
+        shapes stay those of the bucket (``apply_lora_full_linear``'s ``module_enabled``).
+        """
+        enabled = enabled.reshape(-1).to(device=self.slots.device, dtype=torch.bool)
+        keep = (self.onehot(enabled.numel()) & enabled[None, :]).any(1)
+        return PaddedRows(torch.where(keep, self.slots, torch.full_like(self.slots, NO_ADAPTER)), self.count)
+
 
 # -- slot vectors from vLLM's kernel metadata --------------------------------------------------
 

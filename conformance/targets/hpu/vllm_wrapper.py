@@ -28,7 +28,6 @@ import torch
 from .buckets import BucketPolicy
 from .device import CpuDeviceLayer, HpuDeviceLayer, graphs_requested, load_runtime, requested_mode
 from .engine import LoRAEngine
-from .stacks import as_3d
 from .wrapper import HpuPunicaWrapper
 
 
@@ -108,11 +107,8 @@ def make_vllm_punica_wrapper_class(variant: str = "mask", buckets: BucketPolicy 
         if hasattr(base, "_select_full_linear_output"):
 
             def apply_lora_full_linear(self, y, x, weight_stacked, bias_stacked, module_enabled):
-                """Request-routed full linear weights (vLLM ≥ 0.32): a shrink over the sampled rows."""
-                adapter_y = torch.zeros((x.size(0), as_3d(weight_stacked).size(1)), dtype=torch.float32, device=x.device)
-                self.hpu.engine.shrink_into(adapter_y, x, weight_stacked, self.hpu._rows(self.hpu.sampled_rows), 1.0)
-                y.copy_(self._select_full_linear_output(y, adapter_y, bias_stacked, module_enabled))
-                self.hpu.engine.layer.after_op()
+                """Request-routed full linear weights (vLLM ≥ 0.32, classification heads), over the sampled rows."""
+                self.hpu.apply_lora_full_linear(y, x, weight_stacked, bias_stacked, module_enabled)
 
     # Abstract methods a newer vLLM adds (MoE LoRA, …) are not implemented; say so instead of failing to instantiate.
     for name in sorted(getattr(PunicaWrapperHPUMasked, "__abstractmethods__", ())):

@@ -11,7 +11,10 @@ Semantics are the suite's (``conformance/reference/punica_wrapper.py``); for a r
   into a float32 buffer followed by the expand would round; ``buffer`` is accepted and not needed;
 * ``add_lora_embedding``: ``y[t] (+)= x[t] @ B[l]ᵀ`` (``x`` holds the LoRA-A rows already looked up);
 * ``add_lora_logits``: the fused linear over the *sampled* rows, with their own row state (Gaudi's
-  separate logits mask).
+  separate logits mask);
+* ``apply_lora_full_linear``: ``y[p] = x[p] @ W[l]ᵀ + bias[l]`` over the sampled rows whose slot's
+  module is enabled, the row *replaced* (rounded once from float32); disabled slots become −1 rows
+  of the same bucket, so the shapes and the compiled graph do not depend on ``module_enabled``.
 
 Rows of slot −1 are never written, also with ``add_inputs=False``. The row state comes from
 ``update_metadata`` (the suite's ``LoRAMapping``) or ``set_slots`` (raw slot vectors, as the vLLM
@@ -136,6 +139,15 @@ class HpuPunicaWrapper:
         self.engine.linear_into(y2d, x, lora_a_stacked, lora_b_stacked, self._rows(self.sampled_rows), 0, scale)
         self.engine.layer.after_op()
 
+    def apply_lora_full_linear(
+        self, y: torch.Tensor, x: torch.Tensor, weight_stacked: torch.Tensor, bias_stacked: torch.Tensor | None,
+        module_enabled: torch.Tensor,
+    ) -> None:
+        if module_enabled.numel() != as_3d(weight_stacked).size(0):
+            raise ValueError(f"module_enabled has {module_enabled.numel()} entries, the weights {as_3d(weight_stacked).size(0)} slots")
+        rows = self._rows(self.sampled_rows).only_enabled(module_enabled)
+        self.engine.full_linear_into(y.view(-1, y.size(-1)), x.reshape(-1, x.size(-1)), weight_stacked, bias_stacked, rows)
+        self.engine.layer.after_op()
 
     # -- the fused-MoE methods (docs/moe.md's hardware-neutral contract) -------------------------
 
