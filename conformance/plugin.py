@@ -7,7 +7,10 @@ case, records every result, and at the end applies the gate: the exit code is th
 
 Outcome → pytest: pass → passed; fail and unexpected pass → failed; broken → error raised by the
 target (failed, "broken" in Allure); not supported → skipped with the reason; known failure → xfail.
-The failure kinds lead the message (``fail [numerics]: …``), in JUnit and Allure alike.
+The failure kinds lead the message (``fail [numerics]: …``), in JUnit and Allure alike; once the run's
+failures are clustered (``conformance.report.clusters``), each names its cluster after them
+(``fail [numerics] cluster 1/2 "…": …``) in junit.xml and allure-results, and Allure's categories are
+the clusters.
 
 Cases run in a worker process of their own (``conformance.isolation``; ``--isolation=none`` runs them
 here): a target that crashes or hangs costs one case, recorded *broken* (kind ``crashed`` or ``timed
@@ -50,7 +53,8 @@ from conformance.devices import assign_device
 from conformance.generator import DEFAULT_PROFILE, PROFILES
 from conformance.isolation import ISOLATION_MODES, broken_result
 from conformance.ops import OP_SPECS
-from conformance.report.allure_results import label_current_test, write_results_extras
+from conformance.report.allure_results import label_clusters, label_current_test, write_results_extras
+from conformance.report.junit_clusters import label_junit_clusters
 from conformance.report.progress import Progress
 from conformance.runner import CaseResult
 from conformance.session import ConformanceRun, RunError, RunSettings
@@ -135,6 +139,7 @@ _RUN_KEY = pytest.StashKey[ConformanceRun]()
 _GATE_KEY = pytest.StashKey[dict]()  # the gate, computed at session finish, printed in the summary
 _WORKERS_KEY = pytest.StashKey[list]()  # the controller's record of each worker's device
 _MANIFEST_KEY = pytest.StashKey[dict]()  # the run's manifest, once the cases are collected
+_DOCUMENT_KEY = pytest.StashKey[dict]()  # the results document, for naming clusters in junit.xml once it is written
 _SHARD_SOURCE_KEY = pytest.StashKey[tuple]()  # (where the shard came from, for the manifest; the line to print)
 
 
@@ -366,9 +371,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     document = run.build_document(config.stash[_MANIFEST_KEY], workers=workers, pytest_exitstatus=exitstatus)
     _record_fingerprint(config, document["environment"])
     run.write_document(document)
+    if getattr(config.option, "allure_report_dir", None):  # allure-pytest wrote each result as its case ended
+        label_clusters(config.option.allure_report_dir, document)
+    config.stash[_DOCUMENT_KEY] = document
     gate = config.stash[_GATE_KEY] = document["gate"]
     if not gate["passed"] and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """junitxml writes junit.xml in its own sessionfinish, after this plugin's: its failures get their clusters here."""
+    document = config.stash.get(_DOCUMENT_KEY, None)
+    if document is not None and getattr(config.option, "xmlpath", None):
+        label_junit_clusters(config.option.xmlpath, document)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

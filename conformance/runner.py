@@ -13,6 +13,8 @@ Expectations (known failures) are applied afterwards, by ``conformance.expectati
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -42,6 +44,7 @@ class CaseResult:
     features: frozenset[str] = field(default_factory=frozenset)
     seconds: float = 0.0
     failing_slots: tuple[int, ...] = ()  # the slots of the output rows where a problem shows
+    failing_slices: tuple[int, ...] = ()  # the output slices where a problem shows (−1: columns outside every slice)
     expectation: dict | None = None  # the expectations entry that matched, if any
     replay: str | None = None  # the replay file written for this case, if any
     repro: str | None = None  # the one-line command that reruns it
@@ -74,6 +77,7 @@ class CaseResult:
             "measurement": self.measurement_json(),
             "seconds": round(self.seconds, 4),
             "failing_slots": list(self.failing_slots),
+            "failing_slices": list(self.failing_slices),
             "expectation": self.expectation,
             "replay": self.replay,
             "repro": self.repro,
@@ -127,6 +131,16 @@ def describe_rows(rows: tuple[int, ...], row_slots: tuple[int, ...], limit: int 
     return "; ".join(parts)
 
 
+def slices_hit(case: Case, output: torch.Tensor, problem) -> set[int]:
+    """The slices of ``case`` where ``problem`` shows: a 3-D output ``[slices, T, R]`` (the shrink buffers) by
+    its leading index; otherwise by column, the slices lying side by side from ``offset_start`` (−1: a column
+    before the offset or past the last slice)."""
+    if output.dim() == 3 and output.size(0) == case.num_slices:
+        return set(problem.planes)
+    bounds = list(itertools.accumulate(case.output_slices, initial=case.offset_start))
+    return {bisect.bisect_right(bounds, c) - 1 if bounds[0] <= c < bounds[-1] else -1 for c in problem.columns}
+
+
 def run_case(target: Target, case: Case, case_id: str | None = None, values: Tensors | None = None) -> CaseResult:
     case_id = case_id or case.case_id
     features = case_features(case)
@@ -167,9 +181,11 @@ def run_case(target: Target, case: Case, case_id: str | None = None, values: Ten
     details = [f"{p.text}: {describe_rows(p.rows, row_slots)}" if p.rows else p.text for p in verdict.problems]
     details += [f"modified its input {name!r}, which every op must only read" for name in changed]
     failing_slots = tuple(sorted({row_slots[row] for p in verdict.problems for row in p.rows}))
+    failing_slices = tuple(sorted({s for p in verdict.problems for s in slices_hit(case, after[spec.output], p)}))
     kinds = ordered([p.kind for p in verdict.problems] + [FailureKind.MODIFIED_INPUT] * bool(changed))
     return CaseResult(
-        case_id, case, Outcome.FAIL, "; ".join(details), verdict.measurement, features, seconds, failing_slots, kinds=kinds
+        case_id, case, Outcome.FAIL, "; ".join(details), verdict.measurement, features, seconds, failing_slots, kinds=kinds,
+        failing_slices=failing_slices,
     )
 
 

@@ -33,6 +33,8 @@ from conformance.expectations import apply_expectations, load_expectations, ship
 from conformance.generator import DEFAULT_PROFILE, PROFILES, profile_cases
 from conformance.isolation import Breakdown, IsolatedExecutor, LocalExecutor
 from conformance.report import write_html_report
+from conformance.report.clusters import add_clusters
+from conformance.report.coverage import add_coverage
 from conformance.report.fingerprint import device_description, environment_fingerprint
 from conformance.runner import CaseResult, check_values, make_values
 from conformance.targets import TargetError, TargetUnavailable, known_targets, resolve
@@ -265,6 +267,7 @@ class ConformanceRun:
         case_id, case, values = entry
         result = self.executor.run_op(case_id, case, values)  # values None: drawn where the case runs
         result = apply_expectations(result, self.expectations, self.today)
+        shrunk = None
         if result.outcome in (Outcome.FAIL, Outcome.BROKEN, Outcome.KNOWN_FAILURE):
             path = write_replay(
                 self.report_dir / "replays",
@@ -279,22 +282,23 @@ class ConformanceRun:
             result.replay = str(path)
             result.repro = self.repro_command(path)
             if self.shrink and result.outcome is not Outcome.KNOWN_FAILURE:
-                self.add_shrunk_case(result)
-        self.record(result)
+                shrunk = self.add_shrunk_case(result)
+        self.record(result, shrunk=shrunk)
         return result
 
-    def add_shrunk_case(self, result: CaseResult) -> None:
+    def add_shrunk_case(self, result: CaseResult) -> dict | None:
+        """Shrink a failure; the shrunk case's replay, repro and structure (the record's ``shrunk``), or None."""
         if result.kind in (FailureKind.CRASHED, FailureKind.TIMED_OUT):
             result.message += " (not shrunk: every candidate of a crash or hang would need a process of its own)"
-            return
+            return None
         try:
             smallest = self.executor.shrink(result, PROFILES[self.profile].limits)
         except Breakdown as exc:
             result.message += f" (shrinking stopped: {exc.message})"
-            return
+            return None
         if smallest is None:
             result.message += " (shrinking found no smaller case failing the same way)"
-            return
+            return None
         path = write_replay(
             self.report_dir / "replays",
             f"{result.case_id}.shrunk",
@@ -306,10 +310,15 @@ class ConformanceRun:
         )
         shape = f"{len(smallest.seq_lens)} sequences, {smallest.num_tokens} tokens, {smallest.num_slots} slots, rank {smallest.max_rank}"
         result.repro = f"{result.repro}\nshrunk ({shape}): {self.repro_command(path)}"
+        # structured, so that a cluster's smallest case can be the shrunk one without reading the repro text
+        return {"replay": str(path), "repro": self.repro_command(path), "case": smallest.to_json()}
 
-    def record(self, result: CaseResult, *, label: bool = True) -> None:
-        """Journal the result (the results schema, ``CaseResult.to_json``), after ``on_record`` saw it."""
+    def record(self, result: CaseResult, *, label: bool = True, shrunk: dict | None = None) -> None:
+        """Journal the result (the results schema, ``CaseResult.to_json``, with ``shrunk`` where ``--shrink``
+        found a smaller case), after ``on_record`` saw it."""
         record = {**result.to_json(), "worker": self.worker}
+        if shrunk:
+            record["shrunk"] = shrunk
         if label and self.on_record is not None:
             self.on_record(record)
         self.journal.append(record)
@@ -357,7 +366,8 @@ class ConformanceRun:
         devices = list(dict.fromkeys((w.get("device"), w.get("driver")) for w in workers))
         environment["device"] = "; ".join(str(name) for name, _ in devices)
         environment["driver"] = "; ".join(dict.fromkeys(str(driver) for _, driver in devices))
-        return document
+        # one cluster per distinct problem, and what the cases exercised (conformance.report.clusters, .coverage)
+        return add_coverage(add_clusters(document))
 
     def write_document(self, document: dict) -> None:
         """results.json and report.html in the report dir."""

@@ -15,7 +15,12 @@ report rather than a list of test names:
   history of a case is not split by seeds;
 * ``environment.properties``: the fingerprint; ``categories.json``: our outcomes as Allure categories
   (``CATEGORIES``; how the plugin maps outcomes to pytest, and so to Allure statuses, is in
-  ``conformance.plugin``).
+  ``conformance.plugin``);
+* failure clusters (``conformance.report.clusters``): once every result is in, :func:`label_clusters`
+  names each failure's cluster in its result's message (``fail [numerics] cluster 1/2 "…": …``) and
+  puts one category per cluster before ``CATEGORIES``, so Allure's Categories tab lists the distinct
+  problems: "Problem 1/1: rows without adapter receive a delta (wrote outside its region; 733 cases in
+  15 ops)".
 """
 
 from __future__ import annotations
@@ -23,7 +28,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from conformance.journal import case_id_of
+from conformance.report.clusters import cluster_of, document_clusters, label_message
+from conformance.verdict import Outcome
 from conformance.verdict.failure_kind import FailureKind
+
+# how plugin.report_outcome hands each rejected outcome to pytest, and so which Allure status it gets
+ALLURE_STATUS = {Outcome.FAIL.value: "failed", Outcome.UNEXPECTED_PASS.value: "failed", Outcome.BROKEN.value: "broken"}
 
 SEVERITY_BY_LEVEL = {"wrapper": "critical", "model": "critical", "layer": "critical", "kernel": "normal"}
 DEFAULT_SEVERITY = "normal"
@@ -31,13 +42,17 @@ DEFAULT_SEVERITY = "normal"
 # Allure assigns a result to the first category that matches (status, then message regex); the
 # messages are those conformance.plugin.report_outcome raises, as allure-pytest formats them, which
 # lead with the failure kinds in brackets: one category per kind (the first kind listed decides).
+def _status_prefix_label(kind: FailureKind) -> tuple[str, str, str]:
+    """How a kind's failure reaches Allure: its status, the message's lead and the category's first word."""
+    return ("broken", r"TargetBroken: broken", "Broken") if kind.broken else ("failed", r"\bfail", "Fail")
+
+
 def _kind_categories() -> list[dict]:
     categories = []
     for kind in FailureKind:
         if kind is FailureKind.NO_RESULT:  # a case without a result has no test result to categorise
             continue
-        status, prefix = ("broken", r"TargetBroken: broken") if kind.broken else ("failed", r"\bfail")
-        label = "Broken" if kind.broken else "Fail"
+        status, prefix, label = _status_prefix_label(kind)
         categories.append({
             "name": f"{label}: {kind.value} ({kind.doc.split(';')[0]})",
             "matchedStatuses": [status],
@@ -93,6 +108,48 @@ def case_shape(case: dict) -> str:
         f"slices={list(case.get('output_slices') or ())}",
     ]
     return " ".join(parts)
+
+
+def cluster_categories(document: dict) -> list[dict]:
+    """One category per cluster, matched by the label :func:`label_clusters` puts into its failures' messages
+    (Allure takes the first category that matches, so these go before ``CATEGORIES``)."""
+    clusters = document_clusters(document)
+    categories = []
+    for cluster in clusters:
+        outcomes = cluster.get("outcomes") or {}
+        statuses = [ALLURE_STATUS[outcome] for outcome in outcomes if outcome in ALLURE_STATUS]
+        categories.append({
+            "name": f"Problem {cluster['id']}/{len(clusters)}: {cluster['title']} "
+                    f"({cluster['kind']}; {cluster['count']} cases in {len(cluster.get('ops') or ())} ops)",
+            "matchedStatuses": list(dict.fromkeys(statuses)) or ["failed", "broken"],
+            "messageRegex": rf'(?s).* cluster {cluster["id"]}/{len(clusters)} ".*',
+        })  # fmt: skip
+    return categories
+
+
+def label_clusters(results_dir, document: dict) -> int:
+    """Name each failure's cluster in the Allure results under ``results_dir`` and put the clusters'
+    categories into its categories.json; return how many results were labelled."""
+    results_dir = Path(results_dir)
+    clusters = document_clusters(document)
+    by_case = cluster_of(document)
+    records = {record["id"]: record for record in document.get("results") or []}
+    labelled = 0
+    for path in sorted(results_dir.glob("*-result.json")):
+        result = json.loads(path.read_text(encoding="utf-8"))
+        case_id = case_id_of(str(result.get("name", "")))
+        cluster = by_case.get(case_id)
+        details = result.get("statusDetails") or {}
+        if cluster is None or not details:
+            continue
+        for field in ("message", "trace"):
+            if details.get(field):
+                details[field] = label_message(details[field], records[case_id], cluster, len(clusters))
+        path.write_text(json.dumps(result), encoding="utf-8")
+        labelled += 1
+    # the kinds' categories stay, after the clusters': they take what no cluster names (a known failure, …)
+    (results_dir / "categories.json").write_text(json.dumps(cluster_categories(document) + CATEGORIES, indent=1) + "\n")
+    return labelled
 
 
 def write_results_extras(results_dir, fingerprint: dict) -> None:

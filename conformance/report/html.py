@@ -2,14 +2,20 @@
 
 The file has inline CSS and an inline SVG plot, no script and loads nothing: it reads the same offline,
 attached to a CI job or mailed to a release manager. Sections, top to bottom: the verdict with the gate
-rule and its reasons, the run (target, profile, seed, suite version), the op × dtype matrix grouped by
-level, the failures with their repro commands, the known failures, the budget ratios per op, and the
-environment fingerprint.
+rule, its reasons and how many distinct problems the failures are, the run (target, profile, seed, suite
+version), the problems (one per failure cluster, ``conformance.report.clusters``: what it hits, its
+ops and dtypes, its smallest case with a repro), the op × dtype matrix grouped by level, the coverage
+(what the cases exercised per op, ``conformance.report.coverage``), the failures grouped by problem
+with their repro commands, the known failures, the budget ratios per op, and the environment
+fingerprint.
 
-Elements a test (or a scraper) can query: ``id="verdict"``, ``id="matrix"``, ``id="missing"`` (the
-expected cases without a result, and how to run them), ``id="failures"`` (with each failure's kinds,
-``class="kind"``), ``id="known-failures"``, ``id="not-applicable"`` (expectations entries whose
-package versions are not installed here), ``id="budget-ratios"``, ``id="environment"`` (the fingerprint: suite commit,
+Elements a test (or a scraper) can query: ``id="verdict"``, ``id="problems"`` (the line "N distinct
+problems", in the verdict), ``id="clusters"`` (one ``class="cluster"`` ``id="cluster-N"`` per problem,
+its smallest case's repro with ``class="repro smallest"``), ``id="matrix"``, ``id="coverage"`` (one row
+per op, ``data-op``; cells ``data-feature`` / ``data-dtype``), ``id="missing"`` (the expected cases
+without a result, and how to run them), ``id="failures"`` (a ``<details>`` per problem, each failure's
+row with ``data-cluster`` and its kinds, ``class="kind"``), ``id="known-failures"``,
+``id="not-applicable"`` (expectations entries whose package versions are not installed here), ``id="budget-ratios"``, ``id="environment"`` (the fingerprint: suite commit,
 versions, device, driver, numerics environment variables; one column per input of a merge whose
 machines differ, ``class="differs"`` on the rows that do), ``id="workers"`` (device per worker), and
 ``class="repro"`` on every repro command.
@@ -22,7 +28,10 @@ from collections import Counter, defaultdict
 from html import escape
 from pathlib import Path
 
+from conformance.cases.features import FEATURE_DOCS
 from conformance.ops.level import LEVEL_ORDER
+from conformance.report.clusters import cluster_of, document_clusters
+from conformance.report.coverage import HEADLINE, document_coverage
 from conformance.verdict import Outcome
 
 # Outcome → (css class, background colour). Order is the order of the legend and of a cell's badges.
@@ -46,6 +55,12 @@ h1{margin:0 0 .3em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-to
 #verdict.passed{background:#2e7d32}#verdict.failed{background:#c62828}
 #verdict .word{font-size:3em;font-weight:800;letter-spacing:.05em}
 #verdict ul{margin:.4em 0 0}
+#problems{font-size:1.35em;font-weight:700;margin-top:.3em}
+section.cluster{border:1px solid #ddd;border-left:6px solid #c62828;border-radius:4px;padding:.2em 1em .6em;margin:.6em 0}
+section.cluster h3{margin:.4em 0}
+details{margin:.3em 0}details>summary{cursor:pointer;font-weight:600}
+td.zero{color:#bdbdbd}
+#coverage{font-size:.8em}#coverage td,#coverage th{white-space:nowrap;padding:.2em .4em}
 table{border-collapse:collapse;margin:.5em 0;font-size:.92em}
 th,td{border:1px solid #ddd;padding:.3em .55em;text-align:left;vertical-align:top}
 th{background:#f5f5f5}
@@ -72,6 +87,7 @@ def write_html_report(document: dict, path) -> Path:
 def render_html_report(document: dict) -> str:
     results = document.get("results") or []
     gate = document.get("gate") or {}
+    clusters = document_clusters(document)
     target = document.get("target_name") or document.get("target", "?")  # the target's own name, not module:Class
     parts = [
         "<!DOCTYPE html>",
@@ -79,11 +95,13 @@ def render_html_report(document: dict) -> str:
         f"<title>LoRA conformance: {_e(target)} — {'PASS' if gate.get('passed') else 'FAIL'}</title>",
         f"<style>{CSS}</style></head><body>",
         f"<h1>LoRA conformance report: {_e(target)}</h1>",
-        _verdict(gate),
+        _verdict(gate, clusters),
         _run(document, results),
+        _clusters(clusters, {r["op"]: r.get("level") or "other" for r in results}),
         _matrix(results),
+        _coverage(document_coverage(document), _dtypes(results)),
         _missing(document),
-        _failures(results),
+        _failures(results, clusters, cluster_of(document)),
         _known_failures(gate, results),
         _not_applicable(document),
         _budget_plot(results),
@@ -102,17 +120,122 @@ def _badge(outcome: str, text) -> str:
     return f'<span class="badge {cls}" title="{_e(outcome)}">{_e(text)}</span>'
 
 
-def _verdict(gate: dict) -> str:
+def _verdict(gate: dict, clusters: list[dict]) -> str:
     passed = bool(gate.get("passed"))
     reasons = gate.get("reasons") or []
     items = "".join(f"<li>{_e(reason)}</li>" for reason in reasons)
+    failures = sum(cluster["count"] for cluster in clusters)
+    problems = ""
+    if clusters:  # before any case list: how many things are wrong, not how many cases show it
+        problems = (
+            f'<div id="problems"><a href="#clusters" style="color:inherit">{_plural(len(clusters), "distinct problem")} '
+            f"in {_plural(failures, 'failing case')}</a></div>"
+        )
     return (
         f'<section id="verdict" class="{"passed" if passed else "failed"}">'
         f'<div class="word">{"PASS" if passed else "FAIL"}</div>'
-        f'<div class="rule">gate: {_e(gate.get("rule", ""))}</div>'
+        + problems
+        + f'<div class="rule">gate: {_e(gate.get("rule", ""))}</div>'
         + (f'<ul class="reasons">{items}</ul>' if items else "")
         + "</section>"
     )
+
+
+def _plural(number: int, noun: str) -> str:
+    return f"{number} {noun}{'s' * (number != 1)}"
+
+
+def _counts(counts: dict) -> str:
+    return ", ".join(f"{_e(name)} {count}" for name, count in counts.items())
+
+
+def _clusters(clusters: list[dict], op_levels: dict[str, str]) -> str:
+    """One block per distinct problem: what it hits, where (ops by level, dtypes), and its smallest case."""
+    if not clusters:
+        return ""
+    blocks = []
+    for cluster in clusters:
+        smallest = cluster.get("smallest") or {}
+        by_level: dict[str, list[str]] = defaultdict(list)
+        ops = cluster.get("ops") or {}
+        levels = cluster.get("levels") or {}
+        for op, count in ops.items():
+            by_level[op_levels.get(op, "other")].append(f"{op} {count}")
+        spans = "; ".join(f"{level}: {', '.join(by_level[level])}" for level in levels if by_level.get(level))
+        shrunk = " (shrunk with --shrink)" if smallest.get("shrunk") else ""
+        end_to_end = cluster.get("end_to_end") or 0
+        explained = (
+            f"<li>explains {_plural(end_to_end, 'end-to-end failure')} (their requests are the same kind of rows)</li>"
+            if end_to_end else ""
+        )
+        others = [k for k in cluster.get("kinds") or () if k != cluster["kind"]]
+        also = f" (its cases also show: {', '.join(others)})" if others else ""
+        hits = cluster.get("hits") or {}
+        shown = f"<li>each case on its own: {_counts(hits)}</li>" if len(hits) > 1 else ""
+        repro = f'<pre class="repro smallest">{_e(smallest.get("repro"))}</pre>' if smallest.get("repro") else ""
+        blocks.append(
+            f'<section class="cluster" id="cluster-{cluster["id"]}">'
+            f'<h3>{cluster["id"]}. {_e(cluster["title"])} <span class="muted">— {_plural(cluster["count"], "case")}, '
+            f'{_plural(len(ops), "op")}</span></h3><ul>'
+            f"<li>kind: <span class=\"cluster-kind\">{_e(cluster['kind'])}</span>{_e(also)}; hits: {_e(cluster['where'])}; "
+            f"op family: {_e(cluster['family'])}; outcomes: {_counts(cluster.get('outcomes') or {})}</li>{shown}"
+            f"<li>ops: {_e(spans)}</li><li>dtypes: {_counts(cluster.get('dtypes') or {})}</li>{explained}"
+            f"<li>smallest case{shrunk}: <code>{_e(smallest.get('id'))}</code> ({_e(smallest.get('op'))}, "
+            f"{_e(smallest.get('dtype'))}; {_e(smallest.get('shape'))}) <a href=\"#cluster-{cluster['id']}-cases\">all its cases</a></li>"
+            f"</ul>{repro}</section>"
+        )
+    total = sum(cluster["count"] for cluster in clusters)
+    return (
+        f'<section id="clusters"><h2>Problems: {len(clusters)} distinct, {_plural(total, "failing case")}</h2>'
+        '<p class="muted">failures grouped by kind, the rows they hit and the op family (dense LoRA or MoE); '
+        "each problem's smallest case is the one to debug first</p>" + "".join(blocks) + "</section>"
+    )
+
+
+def _coverage(coverage: dict, dtypes: list[str]) -> str:
+    """Per op: cases that ran (and passed) per dtype (every dtype of the run, so a dtype that never ran shows
+    as 0) and headline feature; below, every family and feature, folded."""
+    ops = coverage.get("ops") or {}
+    if not ops:
+        return ""
+    headline = list(coverage.get("headline") or HEADLINE)
+    head = (
+        "<tr><th>op</th><th>level</th><th>cases run</th><th>not supported</th>" + "".join(f"<th>{_e(d)}</th>" for d in dtypes)
+        + "".join(f'<th title="{_e(FEATURE_DOCS.get(f, f))}">{_e(f)}</th>' for f in headline) + "</tr>"
+    )  # fmt: skip
+    legend = "; ".join(f"<b>{_e(f)}</b>: {_e(FEATURE_DOCS.get(f, ''))}" for f in headline)
+    rows, details = [], []
+    for name, op in ops.items():
+        cells = [_coverage_cell(op["dtypes"].get(d), f' data-dtype="{_e(d)}"') for d in dtypes]
+        cells += [_coverage_cell(op["features"].get(f), f' data-feature="{_e(f)}"') for f in headline]
+        unsupported = op.get("not_supported", 0)
+        rows.append(
+            f'<tr data-op="{_e(name)}"><th>{_e(name)}</th><td class="muted">{_e(op["level"])}</td>{_coverage_cell(op)}'
+            f'<td class="num{"" if unsupported else " zero"}">{unsupported}</td>{"".join(cells)}</tr>'
+        )
+        if op["cases"]:
+            details.append(
+                f'<details data-op="{_e(name)}"><summary>{_e(name)}: {len(op["families"])} {"family" if len(op["families"]) == 1 else "families"}, '
+                f'{_plural(len(op["features"]), "feature")}</summary>'
+                f"<div>families: {_tallies(op['families'])}</div><div>features: {_tallies(op['features'])}</div></details>"
+            )
+    return (
+        '<section><h2>Coverage: what the cases exercised</h2>'
+        f'<p class="muted">per op, {_e(coverage.get("counted", "cases run"))}: a cell reads cases (passed). {legend}</p>'
+        f'<table id="coverage">{head}{"".join(rows)}</table>'
+        f'<h3>Every family and feature, per op</h3><div id="coverage-details">{"".join(details)}</div></section>'
+    )
+
+
+def _coverage_cell(tally: dict | None, attribute: str = "") -> str:
+    """``cases (passed)``; a zero greyed: nothing of the kind ran."""
+    if not tally or not tally["cases"]:
+        return f'<td class="num zero"{attribute}>0</td>'
+    return f'<td class="num"{attribute}>{tally["cases"]} ({tally["passed"]})</td>'
+
+
+def _tallies(counts: dict) -> str:
+    return ", ".join(f'<span title="{_e(FEATURE_DOCS.get(name, ""))}">{_e(name)} {t["cases"]} ({t["passed"]})</span>' for name, t in counts.items())
 
 
 def _run(document: dict, results: list[dict]) -> str:
@@ -184,7 +307,11 @@ def _number(value, digits: int = 3) -> str:
     return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
 
 
-def _failures(results: list[dict]) -> str:
+# A problem with more failing cases than this shows them folded: the cluster above says what they share.
+OPEN_CASES = 10
+
+
+def _failures(results: list[dict], clusters: list[dict], cluster_by_case: dict[str, dict]) -> str:
     failing = [r for r in results if r["outcome"] in REJECTED]
     if not failing:
         return '<section id="failures"><h2>Failures</h2><p class="muted">none</p></section>'
@@ -192,26 +319,43 @@ def _failures(results: list[dict]) -> str:
         "<tr><th>case</th><th>outcome</th><th>kind</th><th>op</th><th>dtype</th><th>max abs error</th>"
         "<th>max ULP</th><th>budget ratio</th><th>message and repro</th></tr>"
     )
-    rows = []
+    groups: dict[int | None, list[dict]] = defaultdict(list)
     for result in failing:
-        m = result.get("measurement") or {}
-        repro = result.get("repro")
-        detail = f"<div>{_e(result.get('message'))}</div>"
-        if repro:
-            detail += f'<pre class="repro">{_e(repro)}</pre>'
-        if result.get("replay"):
-            detail += f'<div class="muted">replay: <code>{_e(result["replay"])}</code></div>'
-        rows.append(
-            f'<tr id="case-{_e(result["id"])}"><td><code>{_e(result["id"])}</code></td>'
-            f"<td>{_badge(result['outcome'], result['outcome'])}</td>"
-            f"<td class=\"kind\">{_e(', '.join(result.get('kinds') or []) or '—')}</td><td>{_e(result['op'])}</td>"
-            f"<td>{_e(result['dtype'])}</td><td class=\"num\">{_number(m.get('max_abs_error'))}</td>"
-            f"<td class=\"num\">{_number(m.get('max_ulp'))}</td>"
-            f"<td class=\"num\">{_number(m.get('budget_ratio'))}</td><td>{detail}</td></tr>"
+        cluster = cluster_by_case.get(result["id"])
+        groups[cluster["id"] if cluster else None].append(result)
+    blocks = []
+    for cluster in [*clusters, None]:
+        number = cluster["id"] if cluster else None
+        members = groups.get(number)
+        if not members:
+            continue
+        summary = (
+            f"problem {number}: {_e(cluster['title'])} — {_plural(len(members), 'case')}" if cluster
+            else f"not in a problem — {_plural(len(members), 'case')}"
         )
+        rows = "".join(_failure_row(result, number) for result in members)
+        anchor = f' id="cluster-{number}-cases"' if number else ""
+        opened = " open" if len(members) <= OPEN_CASES else ""
+        blocks.append(f"<details{anchor}{opened}><summary>{summary}</summary><table>{head}{rows}</table></details>")
+    return f'<section><h2>Failures ({len(failing)})</h2><div id="failures">{"".join(blocks)}</div></section>'
+
+
+def _failure_row(result: dict, cluster: int | None) -> str:
+    m = result.get("measurement") or {}
+    repro = result.get("repro")
+    detail = f"<div>{_e(result.get('message'))}</div>"
+    if repro:
+        detail += f'<pre class="repro">{_e(repro)}</pre>'
+    if result.get("replay"):
+        detail += f'<div class="muted">replay: <code>{_e(result["replay"])}</code></div>'
+    data = f' data-cluster="{cluster}"' if cluster else ""
     return (
-        f'<section><h2>Failures ({len(failing)})</h2>'
-        f'<table id="failures">{head}{"".join(rows)}</table></section>'
+        f'<tr id="case-{_e(result["id"])}"{data}><td><code>{_e(result["id"])}</code></td>'
+        f"<td>{_badge(result['outcome'], result['outcome'])}</td>"
+        f"<td class=\"kind\">{_e(', '.join(result.get('kinds') or []) or '—')}</td><td>{_e(result['op'])}</td>"
+        f"<td>{_e(result['dtype'])}</td><td class=\"num\">{_number(m.get('max_abs_error'))}</td>"
+        f"<td class=\"num\">{_number(m.get('max_ulp'))}</td>"
+        f"<td class=\"num\">{_number(m.get('budget_ratio'))}</td><td>{detail}</td></tr>"
     )
 
 

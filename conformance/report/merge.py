@@ -4,7 +4,8 @@ Every input must come from the same suite version, target, profile and seed, dra
 Hypothesis version, with the same case list (the ``case_list`` digest each run records): otherwise
 the cases are not the same population and the merged verdict would mean nothing; such inputs are
 refused. Each input's environment fingerprint is kept (``environments``) when they differ, and every
-input's workers with their devices (``workers``).
+input's workers with their devices (``workers``). The failure clusters and the coverage are those of
+the union, computed again (``conformance.report.clusters``, ``conformance.report.coverage``).
 
 The merged gate is the gate over the union (``conformance.gate``), and it fails, naming the cases,
 when the inputs do not add up to exactly the profile's case list: a case of some input's shard
@@ -21,6 +22,8 @@ from pathlib import Path
 
 from conformance.gate import gate_verdict, listed
 from conformance.journal import build_document, case_list_summary
+from conformance.report.clusters import add_clusters
+from conformance.report.coverage import add_coverage
 
 SAME_FIELDS = ("suite_version", "target", "profile", "seed")
 
@@ -108,7 +111,8 @@ def merge_documents(documents: list[dict], sources: list[str] | None = None) -> 
     if extra_reasons:
         merged["gate"] = {**gate, "passed": False, "reasons": [*gate["reasons"], *extra_reasons]}
     merged["duplicated"] = duplicated
-    return merged
+    # clusters and coverage of the union: a bug every shard hit is one problem, not one per shard
+    return add_coverage(add_clusters(merged))
 
 
 def _check_same_population(documents: list[dict], sources: list[str]) -> None:

@@ -40,6 +40,8 @@ class Problem:
     kind: FailureKind
     text: str
     rows: tuple[int, ...] = ()  # output rows (dim −2) where it shows, so messages can name their slots
+    columns: tuple[int, ...] = ()  # output columns (dim −1) where it shows, so results can name their slices
+    planes: tuple[int, ...] = ()  # indices over the dims before −2, flattened (a shrink buffer's slice)
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,15 @@ class Verdict:
         return not self.problems
 
 
-def _rows(mask: torch.Tensor) -> tuple[int, ...]:
-    """Row indices (dim −2) where ``mask`` holds anywhere."""
-    per_row = mask.reshape(-1, mask.size(-2), mask.size(-1)).any(dim=0).any(dim=-1)
-    return tuple(torch.nonzero(per_row).flatten().tolist())
+def _where(mask: torch.Tensor) -> dict[str, tuple[int, ...]]:
+    """Where ``mask`` holds anywhere: its rows (dim −2), columns (dim −1) and planes (the dims before, flattened)."""
+    cube = mask.reshape(-1, mask.size(-2), mask.size(-1))
+
+    def indices(hit: torch.Tensor) -> tuple[int, ...]:
+        return tuple(torch.nonzero(hit).flatten().tolist())
+
+    return {"rows": indices(cube.any(dim=0).any(dim=-1)), "columns": indices(cube.any(dim=0).any(dim=0)),
+            "planes": indices(cube.any(dim=-1).any(dim=-1))}
 
 
 def judge(
@@ -75,13 +82,13 @@ def judge(
     problems: list[Problem] = []
     outside = bitwise_differences(actual, initial) & ~written
     if outside.any():
-        problems.append(Problem(FailureKind.OUTSIDE_REGION, f"wrote {int(outside.sum())} element(s) it must leave untouched", _rows(outside)))
+        problems.append(Problem(FailureKind.OUTSIDE_REGION, f"wrote {int(outside.sum())} element(s) it must leave untouched", **_where(outside)))
 
     a, o, b = actual[written].double(), oracle[written].double(), baseline[written].double()
     nonfinite = torch.zeros_like(written)
     nonfinite[written] = ~torch.isfinite(a) & torch.isfinite(o)
     if nonfinite.any():
-        problems.append(Problem(FailureKind.NAN_INF, f"{int(nonfinite.sum())} NaN/Inf element(s) where the oracle is finite", _rows(nonfinite)))
+        problems.append(Problem(FailureKind.NAN_INF, f"{int(nonfinite.sum())} NaN/Inf element(s) where the oracle is finite", **_where(nonfinite)))
 
     finite = torch.isfinite(a) & torch.isfinite(o)
     a, o, b = a[finite], o[finite], b[finite]
@@ -120,5 +127,5 @@ def judge(
             kind = FailureKind.WROTE_NOTHING
         else:
             kind = FailureKind.NUMERICS
-        problems.append(Problem(kind, text, _rows(elementwise > min(budget, cap))))
+        problems.append(Problem(kind, text, **_where(elementwise > min(budget, cap))))
     return Verdict(tuple(problems), measurement)

@@ -25,7 +25,7 @@ from allure_commons.utils import md5
 from PIL import Image
 from test_report import parse
 
-from conformance.report.allure_results import CATEGORIES, SEVERITY_BY_LEVEL
+from conformance.report.allure_results import CATEGORIES, SEVERITY_BY_LEVEL, cluster_categories
 from conformance.report.fingerprint import NOT_A_CHECKOUT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +92,7 @@ def test_allure_results_have_suites_severity_parameters_and_categories(faulty_ru
     by_id = {r["id"]: r for r in document["results"]}
     results = allure_results(report_dir)
     assert len(results) == len(by_id)
+    categories = json.loads((report_dir / "allure-results" / "categories.json").read_text())
     for result in results:
         params = {p["name"]: p for p in result["parameters"]}
         record = by_id[params["conformance_case"]["value"]]
@@ -111,18 +112,19 @@ def test_allure_results_have_suites_severity_parameters_and_categories(faulty_ru
         expected_status = {"pass": "passed", "fail": "failed", "not supported": "skipped"}[record["outcome"]]
         assert result["status"] == expected_status
         if expected_status != "passed":
-            expected_category = f"Fail: {record['kind']}" if expected_status == "failed" else "Not supported"
-            assert _category(result) == expected_category, result["statusDetails"]
+            cluster = next((c for c in document["clusters"] if c["id"] == record.get("cluster")), None)
+            expected_category = f"Problem {cluster['id']}/{len(document['clusters'])}: {cluster['title']}" if cluster else "Not supported"
+            assert _category(result, categories) == expected_category, result["statusDetails"]
     assert {"kernel", "wrapper"} <= {r["level"] for r in document["results"]}
     properties = (report_dir / "allure-results" / "environment.properties").read_text()
     assert f"git_commit={document['environment']['git_commit']}" in properties.splitlines()
-    assert json.loads((report_dir / "allure-results" / "categories.json").read_text()) == CATEGORIES
+    assert categories == cluster_categories(document) + CATEGORIES
 
 
-def _category(result: dict) -> str:
-    """The first of our categories Allure would put ``result`` in (Allure: first match wins)."""
+def _category(result: dict, categories: list[dict]) -> str:
+    """The first of ``categories`` Allure would put ``result`` in (Allure: first match wins)."""
     message = (result.get("statusDetails") or {}).get("message", "")
-    for category in CATEGORIES:
+    for category in categories:
         if result["status"] in category["matchedStatuses"] and re.fullmatch(category.get("messageRegex", "(?s).*"), message):
             return category["name"].split(" (")[0]
     return "none"
@@ -266,3 +268,48 @@ def test_devices_mistakes_are_one_usage_error(tmp_path):
     assert completed.returncode == 4 and "-n 3 workers but --devices lists 2" in completed.stderr
     completed = conformance("--target=reference", "--devices=0,1", report_dir=tmp_path)
     assert completed.returncode == 4 and "runs on cpu" in completed.stderr and "--device-env" in completed.stderr
+
+
+def test_junit_and_allure_results_of_a_run_get_the_cluster_of_each_failure(faulty_run, tmp_path):
+    """The real files pytest and allure-pytest wrote, labelled once the run's clusters are known."""
+    from conformance.report.allure_results import cluster_categories, label_clusters
+    from conformance.report.clusters import cluster_of
+    from conformance.report.junit_clusters import label_junit_clusters
+
+    report_dir, _, document = faulty_run
+    shutil.copytree(report_dir / "allure-results", tmp_path / "allure-results")
+    shutil.copy(report_dir / "junit.xml", tmp_path / "junit.xml")
+    by_case = cluster_of(document)
+    total = len(document["clusters"])
+    failing = {r["id"]: r for r in document["results"] if r["outcome"] == "fail"}
+    assert total >= 1 and set(by_case) == set(failing)
+
+    assert label_junit_clusters(tmp_path / "junit.xml", document) == len(failing)
+    for testcase in ET.parse(tmp_path / "junit.xml").getroot().iter("testcase"):
+        case_id = testcase.get("name").split("[", 1)[1][:-1]
+        [element] = list(testcase.iter("failure")) or [None]
+        if case_id in failing:
+            record, cluster = failing[case_id], by_case[case_id]
+            lead = f"fail [{', '.join(record['kinds'])}] cluster {cluster['id']}/{total} \"{cluster['title']}\": "
+            assert lead in element.get("message") and element.text.startswith(lead)
+        else:
+            assert element is None
+
+    assert label_clusters(tmp_path / "allure-results", document) == len(failing)
+    categories = json.loads((tmp_path / "allure-results" / "categories.json").read_text())
+    assert categories == cluster_categories(document) + CATEGORIES
+    for result in allure_results(tmp_path):
+        case_id = {p["name"]: p["value"] for p in result["parameters"]}["conformance_case"]
+        if case_id in failing:  # Allure files each failure under its problem
+            cluster = by_case[case_id]
+            assert _first_category(result, categories).startswith(f"Problem {cluster['id']}/{total}: {cluster['title']} (")
+        else:
+            assert not _first_category(result, categories).startswith("Problem ")
+
+
+def _first_category(result: dict, categories: list[dict]) -> str:
+    message = (result.get("statusDetails") or {}).get("message", "")
+    for category in categories:
+        if result["status"] in category["matchedStatuses"] and re.fullmatch(category.get("messageRegex", "(?s).*"), message):
+            return category["name"]
+    return "none"

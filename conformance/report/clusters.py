@@ -1,0 +1,380 @@
+"""Failures grouped into clusters, one per distinct problem, so a report says "1 distinct problem" and not
+"733 failures".
+
+A backend with one bug fails every case that reaches it: rows without adapter that receive the last
+slot's delta fail every kernel and wrapper op, in every dtype, hundreds of cases with hundreds of
+messages. A cluster gathers failures (outcomes the gate rejects: fail, broken, unexpected pass) by a
+**signature** read from the structured fields of each result, never from its message text:
+
+* **kind**: the most telling failure kind (``conformance.verdict.failure_kind``), or ``unexpected
+  pass``;
+* **where it hits**: which rows went wrong, from ``failing_slots`` (−1 = rows without adapter) against
+  the slots the case uses and its slot count: rows without adapter, adapter rows, only the last slot's
+  rows (the other slots' right), rows with and without adapter, columns outside the written region
+  (adapter rows written outside their slice); which of several adapter slots fail is not told apart
+  further: it is mostly which rows' error happened to exceed the budget; for kinds with no rows, what they concern (the call, the
+  output tensor, an input); a result that carries ``where`` (the verdict's own description of the
+  places it hit) uses that instead;
+* **op family**: dense LoRA (the bgmv/sgmv/lora_shrink/lora_expand kernels and the dense wrapper
+  methods) or MoE LoRA (fused_moe_lora, moe_lora_align_block_size, add_lora_w13/w2). The level is not
+  part of the signature: a wrapper computes through the same Punica computation as its kernels (vLLM's
+  wrappers call them), so a kernel bug fails the wrapper ops too, and splitting by level would count
+  one bug twice. Each cluster lists its ops by level, so whether kernels, wrappers or both fail is
+  still read off it.
+
+One case cannot always tell two descriptions apart, so a failure has its own signature (the most
+precise thing it shows) and the other signatures it is **consistent with**, and it joins whichever of
+them the most failures show as their own:
+
+* a case whose only adapter slot is the last one is consistent with "the last slot's rows only", and
+  one where only the last slot's rows fail with "adapter rows" (the others happened to stay within
+  budget); "nothing written" in a case whose only adapter slot is the last is a last-slot bug's
+  "exceeds the error budget" where there was nothing else to write; rows without adapter written
+  besides adapter rows are consistent with "rows without adapter";
+* an end-to-end failure (level ``model``) is a consequence of the ops the model runs: it joins the
+  largest op cluster of its family whose rows are the kind of rows its failing requests are (requests
+  without adapter ↔ rows without adapter, requests with an adapter ↔ adapter rows), counted under
+  ``end_to_end``; one that no op cluster explains is a cluster of its own.
+
+Which signature wins depends only on how many failures show each one, not on the order of the
+results, and every cluster is some failure's own signature. Each cluster lists the signatures its
+members showed (``hits``), so a merged description stays visible. Clusters are numbered by size,
+largest first (ties by signature). Each has its count, kinds, ops, levels and dtypes, and its
+**smallest case**: the one with the fewest tokens × widest of hidden size and output width (then
+tokens, rank, slots), op cases before end-to-end ones, and a shrunk case (``--shrink``, the result's
+``shrunk``) where one is smaller, with its repro.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from conformance.ops.level import LEVEL_ORDER
+from conformance.verdict import FailureKind, Outcome
+from conformance.verdict.failure_kind import SEVERITY_ORDER
+
+DENSE, MOE = "dense LoRA", "MoE LoRA"
+UNEXPECTED_PASS = Outcome.UNEXPECTED_PASS.value
+
+# where it hits (op cases; end-to-end cases say "requests" for "rows")
+# Which of a case's adapter slots fail is mostly incidental (the rows whose error happened to exceed
+# the budget); two patterns are a bug's own: only rows without adapter, only the last slot's rows.
+NO_ADAPTER = "rows without adapter"
+BOTH_KINDS_OF_ROWS = "rows with and without adapter"
+ADAPTER = "adapter rows"
+LAST_SLOT = "adapter rows of the last slot (L−1) only"
+OUTSIDE_COLUMNS = "columns outside the written region"
+LATER_SLICES = " in slices after the first"  # where results say which slices: the first one right, the others not
+
+# Between descriptions equally many failures show, the more specific bug class wins (the same choice
+# from either side, so two groups that each could join the other do not swap places).
+SPECIFIC = {NO_ADAPTER: 0, LAST_SLOT: 1, OUTSIDE_COLUMNS: 2, ADAPTER: 3, BOTH_KINDS_OF_ROWS: 4}
+
+
+def _specificity(hit: str) -> tuple[int, int]:
+    base = hit.removesuffix(LATER_SLICES)
+    return SPECIFIC.get(base, len(SPECIFIC)), 0 if base != hit else 1  # a hit in later slices only: more specific
+
+# which kind of row a hit is, for attributing end-to-end failures to an op cluster
+NO_ADAPTER_ROWS, ADAPTER_ROWS, BOTH_ROWS = "no adapter", "adapter", "both"
+
+# A kind whose failure is located by rows reads "<where> <verb>"; the others are a whole-call title.
+VERBS = {
+    FailureKind.OUTSIDE_REGION.value: "receive a delta",
+    FailureKind.WROTE_NOTHING.value: "receive nothing (the output is unchanged where it must be written)",
+    FailureKind.NUMERICS.value: "exceed the error budget",
+    FailureKind.NAN_INF.value: "hold NaN/Inf",
+    FailureKind.INVARIANT.value: "break an invariant",
+    FailureKind.TOKENS.value: "generate other tokens",
+}
+WHOLE_CALL = {  # kind → (where, title)
+    FailureKind.WRONG_OUTPUT_TYPE.value: ("the output tensor", "the output changes shape or dtype"),
+    FailureKind.MODIFIED_INPUT.value: ("an input tensor", "an input tensor is modified"),
+    FailureKind.RAISED.value: ("the call", "the target raises"),
+    FailureKind.CRASHED.value: ("the call", "the process running the case crashes"),
+    FailureKind.TIMED_OUT.value: ("the call", "the case hangs past its timeout"),
+}
+
+
+def is_clustered(record: dict) -> bool:
+    """Whether a result is a failure the gate rejects (and so belongs to a cluster)."""
+    try:
+        return not Outcome(record.get("outcome")).accepted_by_gate
+    except ValueError:  # an outcome this suite does not know (a hand-made document): not ours to group
+        return False
+
+
+def family(record: dict) -> str:
+    """The op family: MoE LoRA or dense LoRA, from the case's experts (end to end: the MoE model's cases are
+    reported as the ops ``moe_<kind>``, ``conformance.e2e.cases``)."""
+    if record.get("level") == "model":
+        return MOE if str(record.get("op", "")).startswith("moe_") else DENSE
+    return MOE if (record.get("case") or {}).get("num_experts") else DENSE
+
+
+def _kind(record: dict) -> str:
+    if record.get("outcome") == UNEXPECTED_PASS:
+        return UNEXPECTED_PASS
+    return record.get("kind") or (record.get("kinds") or [None])[0] or record.get("outcome") or "?"
+
+
+def where(record: dict) -> str:
+    """Where a failure hits, from ``failing_slots``, the kind and the case's slots (or the result's ``where``)."""
+    if record.get("where"):
+        return "; ".join(record["where"])
+    kind = _kind(record)
+    if kind == UNEXPECTED_PASS:
+        return f"cases listed as {(record.get('expectation') or {}).get('id', 'a known failure')}"
+    if kind in WHOLE_CALL:
+        return WHOLE_CALL[kind][0]
+    failing = set(record.get("failing_slots") or ())
+    if record.get("level") == "model":
+        return _requests(failing)
+    if not failing:
+        return "the output"
+    case = record.get("case") or {}
+    used = set(case.get("seq_slots") or ()) - {-1}
+    adapter = failing - {-1}
+    if -1 in failing:
+        return BOTH_KINDS_OF_ROWS if adapter else NO_ADAPTER
+    if kind == FailureKind.OUTSIDE_REGION.value:  # adapter rows only: it wrote columns it must leave alone
+        return OUTSIDE_COLUMNS
+    slots = case.get("num_slots") or 0
+    if adapter == {slots - 1} and used > adapter:  # the other slots' rows are right
+        return LAST_SLOT + _slices(record, exact=True)
+    return ADAPTER + _slices(record, exact=True)
+
+
+def _later_slices_only(record: dict) -> tuple[bool, bool]:
+    """Whether the first slice is right and some later ones wrong, and whether every later one is
+    (from ``failing_slices``, where the result has them: −1 is a column outside every slice)."""
+    failing = set(record.get("failing_slices") or ())
+    slices = len((record.get("case") or {}).get("output_slices") or ())
+    later = set(range(1, slices))
+    some = slices >= 2 and bool(failing) and failing <= later
+    return some, some and failing == later
+
+
+def _slices(record: dict, exact: bool) -> str:
+    """``LATER_SLICES`` where every later slice fails and the first does not (``exact``), or some of them."""
+    some, every = _later_slices_only(record)
+    return LATER_SLICES if (every if exact else some) else ""
+
+
+def _requests(failing: set[int]) -> str:
+    if not failing:
+        return "requests"
+    if failing == {-1}:
+        return "requests without adapter"
+    return "requests with and without adapter" if -1 in failing else "requests with an adapter"
+
+
+def row_class(hit: str) -> str | None:
+    """Which kind of row a hit is (``NO_ADAPTER_ROWS``, ``ADAPTER_ROWS``, ``BOTH_ROWS``), None when it has no rows."""
+    hit = hit.removesuffix(LATER_SLICES)
+    if hit in (NO_ADAPTER, "requests without adapter"):
+        return NO_ADAPTER_ROWS
+    if hit in (BOTH_KINDS_OF_ROWS, "requests with and without adapter"):
+        return BOTH_ROWS
+    if hit in (ADAPTER, LAST_SLOT, OUTSIDE_COLUMNS, "requests with an adapter"):
+        return ADAPTER_ROWS
+    return None
+
+
+def signature(record: dict) -> tuple[str, str, str]:
+    """``(kind, where, family)``: two failures with the same signature are one problem."""
+    return _kind(record), where(record), family(record)
+
+
+def title(kind: str, hit: str) -> str:
+    """A cluster's one-line name, e.g. "rows without adapter receive a delta"."""
+    if kind == UNEXPECTED_PASS:
+        return f"{hit} pass (unexpected pass)"
+    if kind in WHOLE_CALL:
+        return WHOLE_CALL[kind][1]
+    return f"{hit} {VERBS.get(kind, f'fail ({kind})')}"
+
+
+def cluster_label(cluster: dict, total: int) -> str:
+    """How a failure names its cluster in JUnit and Allure: ``cluster 1/3 "rows without adapter receive a delta"``."""
+    return f'cluster {cluster["id"]}/{total} "{cluster["title"]}"'
+
+
+def message_lead(record: dict) -> str:
+    """How a failure's pytest message begins (``conformance.plugin.report_outcome``): ``fail [numerics]``."""
+    kinds = ", ".join(record.get("kinds") or ())
+    return f"{record['outcome']} [{kinds}]" if kinds else record["outcome"]
+
+
+def label_message(text: str, record: dict, cluster: dict, total: int) -> str:
+    """``text`` with the cluster named after its lead: ``fail [numerics] cluster 1/2 "…": …``; unchanged where
+    the lead is not there (so a labelled text stays as it is: its lead is no longer followed by the colon)."""
+    lead = message_lead(record) + ":"
+    at = text.find(lead)
+    if at < 0:
+        return text
+    at += len(lead) - 1
+    return text[:at] + " " + cluster_label(cluster, total) + text[at:]
+
+
+def _case_slots(record: dict) -> tuple[set[int], int]:
+    """The adapter slots a case's rows use, and its slot count L."""
+    case = record.get("case") or {}
+    return set(case.get("seq_slots") or ()) - {-1}, case.get("num_slots") or 0
+
+
+def consistent_signatures(record: dict) -> list[tuple[str, str, str]]:
+    """The signatures an op case's failure is consistent with besides its own (see the module docstring)."""
+    kind, hit, op_family = signature(record)
+    used, slots = _case_slots(record)
+    base = hit.removesuffix(LATER_SLICES)
+    suffix = hit[len(base):]
+    rows = [base]
+    if base == LAST_SLOT:  # the other slots' rows stayed within budget this time
+        rows.append(ADAPTER)
+    if base == ADAPTER and used == {slots - 1}:  # the last slot is the only one: its bug, or every slot's
+        rows.append(LAST_SLOT)
+    if base == BOTH_KINDS_OF_ROWS and kind == FailureKind.OUTSIDE_REGION.value:  # adapter rows wrong besides
+        rows.append(NO_ADAPTER)
+    # the slices: the later ones all wrong may be incidental to a bug of every slice; only some of them wrong
+    # may be a later-slices bug whose other later slices stayed within budget
+    suffixes = [suffix, ""] if suffix else ["", LATER_SLICES] if _slices(record, exact=False) else [""]
+    others = [(kind, row + ending, op_family) for row in rows for ending in suffixes]
+    if kind == FailureKind.WROTE_NOTHING.value and base == ADAPTER and used == {slots - 1}:
+        others.append((FailureKind.NUMERICS.value, LAST_SLOT, op_family))  # its missing delta was all there was to write
+    return [key for key in others if key != (kind, hit, op_family)]
+
+
+def cluster_failures(results: list[dict]) -> tuple[list[dict], dict[str, int]]:
+    """``(clusters, cluster id by case id)`` over the failures in ``results``."""
+    failing = sorted((r for r in results if is_clustered(r)), key=lambda r: r["id"])
+    own = {r["id"]: signature(r) for r in failing}
+    shown = Counter(own[r["id"]] for r in failing if r.get("level") != "model")  # how many op failures show each
+
+    def chosen(record: dict) -> tuple[tuple, bool]:
+        """The signature a failure joins, and whether it is an end-to-end failure an op cluster explains."""
+        key = own[record["id"]]
+        if record.get("level") == "model":
+            rows = row_class(key[1])
+            explaining = [k for k in shown if rows is not None and k[2] == key[2] and row_class(k[1]) == rows]
+            if explaining:
+                return min(explaining, key=lambda k: (-shown[k], k)), True
+            return key, False
+        options = [key, *consistent_signatures(record)]
+        return min(options, key=lambda k: (-shown.get(k, 0), _specificity(k[1]), k)), False
+
+    groups: dict[tuple, list[dict]] = {}
+    explained: Counter = Counter()
+    for record in failing:
+        key, is_explained = chosen(record)
+        groups.setdefault(key, []).append(record)
+        explained[key] += is_explained
+    ordered = sorted(groups, key=lambda key: (-len(groups[key]), key))
+    clusters, membership = [], {}
+    for number, key in enumerate(ordered, 1):
+        members = groups[key]
+        hits = Counter(own[m["id"]][1] for m in members)
+        clusters.append(_describe(number, key, members, explained[key], hits))
+        membership.update((record["id"], number) for record in members)
+    return clusters, membership
+
+
+def _describe(number: int, key: tuple[str, str, str], members: list[dict], end_to_end: int, hits: Counter) -> dict:
+    kind, hit, op_family = key
+    levels = Counter(m.get("level") or "other" for m in members)
+    level_rank = {level: i for i, level in enumerate(LEVEL_ORDER)}
+    ops = Counter(m["op"] for m in members)
+    op_level = {m["op"]: m.get("level") or "other" for m in members}
+    kinds = {k for m in members for k in m.get("kinds") or ()}
+    return {
+        "id": number,
+        "title": title(kind, hit),
+        "kind": kind,
+        "where": hit,
+        "family": op_family,
+        "count": len(members),
+        "hits": {hit: hits[hit] for hit in sorted(hits, key=lambda h: (-hits[h], h))},  # what its members showed themselves
+        "end_to_end": end_to_end,  # end-to-end failures this op cluster explains
+        "outcomes": dict(sorted(Counter(m["outcome"] for m in members).items())),
+        "kinds": [k.value for k in SEVERITY_ORDER if k.value in kinds],
+        "levels": {lv: levels[lv] for lv in sorted(levels, key=lambda lv: (level_rank.get(lv, len(level_rank)), lv))},
+        "ops": {op: ops[op] for op in sorted(ops, key=lambda op: (level_rank.get(op_level[op], len(level_rank)), op))},
+        "dtypes": dict(sorted(Counter(m.get("dtype") or "?" for m in members).items())),
+        "smallest": smallest_case(members),
+    }
+
+
+def _size(record: dict, case: dict) -> tuple:
+    """Smaller is easier to read: op cases first, then fewest tokens × widest shape, tokens, rank, slots."""
+    if record.get("level") == "model":
+        requests = case.get("requests") or ()
+        return (1, len(requests), sum(len(r.get("prompt") or "") for r in requests), 0, 0)
+    tokens = sum(case.get("seq_lens") or ())
+    width = max(case.get("hidden_size") or 0, case.get("output_width") or 0, 1)
+    return (0, tokens * width, tokens, case.get("max_rank") or 0, case.get("num_slots") or 0)
+
+
+def _shape(record: dict, case: dict) -> str:
+    """What a kernel author reads first about a case: how many tokens, slots, how wide."""
+    if record.get("level") == "model":
+        return f"{len(case.get('requests') or ())} requests, {case.get('max_loras')} LoRA slots"
+    seqs = case.get("seq_lens") or ()
+    parts = [_count(len(seqs), "sequence"), _count(sum(seqs), "token"), _count(case.get("num_slots") or 0, "slot"),
+             f"rank {case.get('max_rank')}", f"hidden {case.get('hidden_size')}", f"slices {list(case.get('output_slices') or ())}"]
+    if case.get("num_experts"):
+        parts.append(f"{case['num_experts']} experts, top-{case.get('top_k')}")
+    return ", ".join(parts)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'s' * (number != 1)}"
+
+
+def smallest_case(members: list[dict]) -> dict | None:
+    """The member (or a member's shrunk case) that is smallest, with its repro; None without members."""
+    candidates = []
+    for record in members:
+        case = record.get("case") or {}
+        candidates.append((_size(record, case), 1, record["id"], {
+            "id": record["id"], "op": record["op"], "dtype": record.get("dtype"), "shape": _shape(record, case),
+            "repro": (record.get("repro") or "").splitlines()[0] if record.get("repro") else None,
+            "replay": record.get("replay"), "shrunk": False,
+        }))  # fmt: skip
+        shrunk = record.get("shrunk")
+        if shrunk and shrunk.get("case"):
+            candidates.append((_size(record, shrunk["case"]), 0, record["id"], {
+                "id": record["id"], "op": record["op"], "dtype": record.get("dtype"), "shape": _shape(record, shrunk["case"]),
+                "repro": shrunk.get("repro"), "replay": shrunk.get("replay"), "shrunk": True,
+            }))  # fmt: skip
+    return min(candidates, key=lambda c: c[:3])[3] if candidates else None
+
+
+def add_clusters(document: dict) -> dict:
+    """Put ``clusters`` into a results document (before its results) and each failure's cluster number
+    into its result (``cluster``); return the document."""
+    results = document.pop("results", None) or []
+    clusters, membership = cluster_failures(results)
+    # new records, not the inputs' own: a merge's inputs keep their numbering, which means nothing here
+    document["clusters"] = clusters
+    document["results"] = [
+        {**{k: v for k, v in record.items() if k != "cluster"}, **({"cluster": membership[record["id"]]} if record["id"] in membership else {})}
+        for record in results
+    ]
+    return document
+
+
+def document_clusters(document: dict) -> list[dict]:
+    """The document's clusters, computed from its results where it has none (a document of an older suite)."""
+    if isinstance(document.get("clusters"), list):
+        return document["clusters"]
+    return cluster_failures(document.get("results") or [])[0]
+
+
+def cluster_of(document: dict) -> dict[str, dict]:
+    """The cluster of each failing case, by case id."""
+    clusters = document_clusters(document)
+    by_number = {cluster["id"]: cluster for cluster in clusters}
+    membership = {r["id"]: r.get("cluster") for r in document.get("results") or [] if r.get("cluster") in by_number}
+    if not membership and clusters:  # the document's results carry no numbers: compute them
+        membership = cluster_failures(document.get("results") or [])[1]
+    return {case_id: by_number[number] for case_id, number in membership.items() if number in by_number}
