@@ -6,7 +6,7 @@ first call minus ``VmRSS`` before it. That is ``ru_maxrss``'s measure (the same 
 without the inputs' own high-water mark in it. The first call is the one measured, so one-time work
 (the HPU variants' prepared weight forms) counts. Memory freed while building the inputs is
 returned to the kernel first (``malloc_trim``), and each workload runs in a fresh process
-(``ops.py``), so that no freed memory is reused without showing in the RSS.
+(``isolated.py``), so that no freed memory is reused without showing in the RSS.
 
 Time: the median of warm calls, after that first call; fewer repetitions for slow calls, so that
 the whole run fits its budget (the count is recorded).

@@ -20,10 +20,10 @@ of tokens with an adapter), ``K``/``N`` the input/output width of a slice, ``S``
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from dataclasses import dataclass, replace
 
+from .isolated import measure_each
 from .markdown import seconds, size, table
 from .moe_workload import ADAPTERS, IMPLEMENTATIONS, RANK, MoEWorkload
 
@@ -196,7 +196,7 @@ def gemm_rate(threads: int, size_: int = 2048, repeats: int = 3) -> float:
 
 def run(plan: Plan, threads: int, in_process: bool = False, log=print) -> tuple[list, list]:
     """Measure every kept workload; return (results, skipped), each a list of (workload, dict|reason)."""
-    results, skipped, todo = [], [], []
+    skipped, todo = [], []
     for w in workloads(plan):
         reason = skip_reason(w, plan)
         (skipped if reason else todo).append((w, reason))
@@ -205,17 +205,7 @@ def run(plan: Plan, threads: int, in_process: bool = False, log=print) -> tuple[
         from .moe_workload import build
 
         return [(w, measure(w, threads, builder=build)) for w, _ in todo], skipped
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["benchmarks.moe_preload"])
-    for i, (w, _) in enumerate(todo, 1):
-        with context.Pool(1, maxtasksperchild=1) as pool:
-            try:
-                result = pool.apply(_measure_in_child, ((w, threads),))
-            except Exception as exc:  # noqa: BLE001 - a broken implementation is a result, not a crash
-                result = {"error": f"{type(exc).__name__}: {exc}"}
-        results.append((w, result))
-        log(f"[moe {i}/{len(todo)}] {w.model} {w.op} T={w.tokens} {w.implementation}: {result}")
-    return results, skipped
+    return measure_each(todo, threads, _measure_in_child, "benchmarks.moe_preload", "moe", lambda w: f"{w.model} {w.op} T={w.tokens} {w.implementation}", log), skipped
 
 
 # -- the report --------------------------------------------------------------------------------

@@ -9,11 +9,11 @@ imports cost nothing per measurement and no measurement sees another's freed mem
 
 from __future__ import annotations
 
-import multiprocessing
 import statistics
 from collections import Counter
 from dataclasses import dataclass, replace
 
+from .isolated import measure_each
 from .markdown import seconds, size, table
 from .workload import IMPLEMENTATIONS, NO_ADAPTER, RANK, Workload, slot_per_row
 
@@ -108,8 +108,7 @@ def _measure_in_child(args):
 
 def run(plan: Plan, threads: int, in_process: bool = False, log=print) -> tuple[list, list]:
     """Measure every kept workload; return (results, skipped), each a list of (workload, dict|reason)."""
-    results, skipped = [], []
-    todo = []
+    skipped, todo = [], []
     for w in workloads(plan):
         reason = skip_reason(w, plan)
         (skipped if reason else todo).append((w, reason))
@@ -117,17 +116,7 @@ def run(plan: Plan, threads: int, in_process: bool = False, log=print) -> tuple[
         from .measure import measure
 
         return [(w, measure(w, threads)) for w, _ in todo], skipped
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["benchmarks.preload"])
-    for i, (w, _) in enumerate(todo, 1):
-        with context.Pool(1, maxtasksperchild=1) as pool:
-            try:
-                result = pool.apply(_measure_in_child, ((w, threads),))
-            except Exception as exc:  # noqa: BLE001 - a broken implementation is a result, not a crash
-                result = {"error": f"{type(exc).__name__}: {exc}"}
-        results.append((w, result))
-        log(f"[ops {i}/{len(todo)}] {w.layer} T={w.tokens} L={w.adapters} {w.implementation}: {result}")
-    return results, skipped
+    return measure_each(todo, threads, _measure_in_child, "benchmarks.preload", "ops", lambda w: f"{w.layer} T={w.tokens} L={w.adapters} {w.implementation}", log), skipped
 
 
 def _cell(result: dict | None, skipped: str | None) -> str:
