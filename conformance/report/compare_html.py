@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from html import escape
 from pathlib import Path
 
 from conformance.report.compare import MISSING, OUTCOMES, quantiles
-from conformance.report.html import CSS, DTYPE_ORDER, LEVELS, LOG_MAX, LOG_MIN, OUTCOME_STYLE
+from conformance.report.html import CSS, DTYPE_ORDER, LEVELS, LOG_MAX, LOG_MIN, OUTCOME_STYLE, badge, escaped
 
 BADGE_STYLE = {**OUTCOME_STYLE, MISSING: ("missing", "#212121")}
 RUN_COLOURS = ("#1565c0", "#ef6c00", "#00838f", "#6a1b9a", "#558b2f", "#ad1457")  # one per run, in input order
@@ -48,9 +47,9 @@ def render_compare_html(comparison: dict) -> str:
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>LoRA conformance comparison: {_e(title)}</title>",
+        f"<title>LoRA conformance comparison: {escaped(title)}</title>",
         f"<style>{COMPARE_CSS}</style></head><body>",
-        f"<h1>LoRA conformance comparison: {_e(title)}</h1>",
+        f"<h1>LoRA conformance comparison: {escaped(title)}</h1>",
         _summary(comparison, labels),
         _runs(comparison["runs"], colours),
         _cells(comparison["cells"], labels),
@@ -63,17 +62,8 @@ def render_compare_html(comparison: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _e(value) -> str:
-    return escape("" if value is None else str(value))
-
-
-def _badge(outcome: str, text) -> str:
-    cls = BADGE_STYLE.get(outcome, ("other", "#000"))[0]
-    return f'<span class="badge {cls}" title="{_e(outcome)}">{_e(text)}</span>'
-
-
 def _badges(counts: dict) -> str:
-    return " ".join(_badge(o, f"{counts[o]} {o}") for o in OUTCOMES if counts.get(o)) or '<span class="muted">—</span>'
+    return " ".join(badge(o, f"{counts[o]} {o}", BADGE_STYLE) for o in OUTCOMES if counts.get(o)) or '<span class="muted">—</span>'
 
 
 def _number(value, digits: int = 3) -> str:
@@ -95,11 +85,11 @@ def _summary(comparison: dict, labels: list[str]) -> str:
     judged = sum(1 for entry in e2e if entry["agree"] is not None)
     closer = "; ".join(f"{label} on {n}" for label, n in summary["closer"].items())
     items = [
-        f"profile {_e(comparison['profile'])}, seed {_e(comparison['seed'])}, {comparison['cases']} cases in every run",
+        f"profile {escaped(comparison['profile'])}, seed {escaped(comparison['seed'])}, {comparison['cases']} cases in every run",
         f'<a href="#differing">{summary["differing"]} case(s)</a> whose outcomes differ among the runs that support them',
         f'<a href="#unsupported">{summary["unsupported_by_some"]} case(s)</a> some run does not support'
         + (f" ({summary['unsupported_by_all']} no run supports)" if summary["unsupported_by_all"] else ""),
-        f"closer to the reference where all pass, op × dtype cells: {_e(closer)}; as close on {summary['as_close']}",
+        f"closer to the reference where all pass, op × dtype cells: {escaped(closer)}; as close on {summary['as_close']}",
         f'<a href="#e2e-tokens">end-to-end tokens</a>: the same in {agreeing} of {judged} case(s) every run generated'
         + (f" ({len(e2e) - judged} without tokens in some run)" if len(e2e) > judged else ""),
     ]
@@ -116,9 +106,9 @@ def _runs(runs: list[dict], colours: dict[str, str]) -> str:
             f"{key} {str(value)[:12] if key == 'git_commit' else value}" for key, value in run["environment"].items()
         )
         rows.append(
-            f'<tr data-run="{_e(run["label"])}"><th>{_swatch(colours[run["label"]])} {_e(run["label"])}</th>'
-            f"<td><code>{_e(run['source'])}</code></td><td>{_e(run['target'])}</td><td>{_e(run['expectations'] or 'none')}</td>"
-            f'<td>{gate}</td><td>{_badges(counts)}</td><td class="muted">{_e(environment)}</td></tr>'
+            f'<tr data-run="{escaped(run["label"])}"><th>{_swatch(colours[run["label"]])} {escaped(run["label"])}</th>'
+            f"<td><code>{escaped(run['source'])}</code></td><td>{escaped(run['target'])}</td><td>{escaped(run['expectations'] or 'none')}</td>"
+            f'<td>{gate}</td><td>{_badges(counts)}</td><td class="muted">{escaped(environment)}</td></tr>'
         )
     return f'<section><h2>Runs</h2><table id="runs">{head}{"".join(rows)}</table></section>'
 
@@ -147,19 +137,19 @@ def _closer(closer: dict | None) -> str:
     medians = " vs ".join(_number(value) for value in closer["median"]["budget_ratio"].values())
     detail = f"closest on {wins} of {closer['cases']} ({closer['ties']} tied); median ratio {medians}"
     if closer["closer"] is None:
-        return f'<td class="closer" data-closer="">as close<div class="muted">{_e(detail)}</div></td>'
-    return f'<td class="closer" data-closer="{_e(closer["closer"])}">{_e(closer["closer"])}<div class="muted">{_e(detail)}</div></td>'
+        return f'<td class="closer" data-closer="">as close<div class="muted">{escaped(detail)}</div></td>'
+    return f'<td class="closer" data-closer="{escaped(closer["closer"])}">{escaped(closer["closer"])}<div class="muted">{escaped(detail)}</div></td>'
 
 
 def _cells(cells: list[dict], labels: list[str]) -> str:
     head = (
         "<tr><th>op</th><th>dtype</th><th>cases</th>"
-        + "".join(f"<th>{_e(label)}</th>" for label in labels)
-        + f"<th>closer to the reference where all pass ({_e(' vs '.join(labels))})</th></tr>"
+        + "".join(f"<th>{escaped(label)}</th>" for label in labels)
+        + f"<th>closer to the reference where all pass ({escaped(' vs '.join(labels))})</th></tr>"
     )
     rows = []
     for level, members in _ordered(cells):
-        rows.append(f'<tr class="level"><th colspan="{4 + len(labels)}">{_e(level)}</th></tr>')
+        rows.append(f'<tr class="level"><th colspan="{4 + len(labels)}">{escaped(level)}</th></tr>')
         for cell in members:
             tds = []
             for label in labels:
@@ -170,9 +160,9 @@ def _cells(cells: list[dict], labels: list[str]) -> str:
                     f'max {_number(ratio["max"])}</div>'
                     if ratio else ""
                 )
-                tds.append(f'<td data-run="{_e(label)}">{_badges(run["counts"])}{spread}</td>')
+                tds.append(f'<td data-run="{escaped(label)}">{_badges(run["counts"])}{spread}</td>')
             rows.append(
-                f'<tr data-op="{_e(cell["op"])}" data-dtype="{_e(cell["dtype"])}"><th>{_e(cell["op"])}</th><td>{_e(cell["dtype"])}</td>'
+                f'<tr data-op="{escaped(cell["op"])}" data-dtype="{escaped(cell["dtype"])}"><th>{escaped(cell["op"])}</th><td>{escaped(cell["dtype"])}</td>'
                 f'<td class="num">{cell["cases"]}</td>{"".join(tds)}{_closer(cell["closer"])}</tr>'
             )
     return (
@@ -206,7 +196,7 @@ def _ratio_plot(cells: list[dict], comparison: dict, labels: list[str], colours:
         '<g id="legend">'
         + "".join(
             f'<rect x="{LEFT + i * 150}" y="4" width="12" height="12" fill="{colours[label]}"/>'
-            f'<text x="{LEFT + i * 150 + 16}" y="14">{_e(label)}</text>'
+            f'<text x="{LEFT + i * 150 + 16}" y="14">{escaped(label)}</text>'
             for i, label in enumerate(labels)
         )
         + "</g>",
@@ -224,7 +214,7 @@ def _ratio_plot(cells: list[dict], comparison: dict, labels: list[str], colours:
         top = TOP + row * row_h
         parts.append(
             f'<text x="{LEFT - 8}" y="{top + row_h / 2 + 1:.1f}" text-anchor="end">'
-            f'{_e(cell["op"])} · {_e(cell["dtype"])}</text>'
+            f'{escaped(cell["op"])} · {escaped(cell["dtype"])}</text>'
         )
         for lane, label in enumerate(labels):
             xs = points.get((cell["op"], cell["dtype"], label)) or []
@@ -235,8 +225,8 @@ def _ratio_plot(cells: list[dict], comparison: dict, labels: list[str], colours:
             q1, q2, q3 = spread["q25"], spread["median"], spread["q75"]
             colour = colours[label]
             series = [
-                f'<g class="series" data-run="{_e(label)}" data-op="{_e(cell["op"])}" data-dtype="{_e(cell["dtype"])}" '
-                f'data-level="{_e(level)}" data-cases="{len(xs)}">',
+                f'<g class="series" data-run="{escaped(label)}" data-op="{escaped(cell["op"])}" data-dtype="{escaped(cell["dtype"])}" '
+                f'data-level="{escaped(level)}" data-cases="{len(xs)}">',
                 f'<rect x="{sx(q1):.1f}" y="{y - 4:.1f}" width="{max(sx(q3) - sx(q1), 1):.1f}" height="8" fill="{colour}" '
                 f'fill-opacity="0.25" stroke="{colour}"/>',
                 f'<line x1="{sx(q2):.1f}" y1="{y - 5:.1f}" x2="{sx(q2):.1f}" y2="{y + 5:.1f}" stroke="{colour}" stroke-width="2"/>',
@@ -266,26 +256,26 @@ def _log(ratio: float) -> float:
 
 
 def _run_result(run: dict) -> str:
-    parts = [_badge(run["outcome"], run["outcome"])]
+    parts = [badge(run["outcome"], run["outcome"], BADGE_STYLE)]
     if run.get("kind"):
-        parts.append(f' <span class="kind">{_e(run["kind"])}</span>')
+        parts.append(f' <span class="kind">{escaped(run["kind"])}</span>')
     if run.get("budget_ratio") is not None:
         parts.append(f' <span class="muted">ratio {_number(run["budget_ratio"])}</span>')
     if run.get("message"):
-        parts.append(f'<pre class="message">{_e(run["message"])}</pre>')
+        parts.append(f'<pre class="message">{escaped(run["message"])}</pre>')
     if run.get("repro"):
-        parts.append(f'<pre class="repro">{_e(run["repro"])}</pre>')
+        parts.append(f'<pre class="repro">{escaped(run["repro"])}</pre>')
     return "".join(parts)
 
 
 def _differing(differing: list[dict], labels: list[str]) -> str:
     if not differing:
         return '<section><h2>Cases whose outcomes differ</h2><p class="muted" id="differing">none</p></section>'
-    head = "<tr><th>case</th><th>op</th><th>dtype</th>" + "".join(f"<th>{_e(label)}</th>" for label in labels) + "</tr>"
+    head = "<tr><th>case</th><th>op</th><th>dtype</th>" + "".join(f"<th>{escaped(label)}</th>" for label in labels) + "</tr>"
     rows = [
-        f'<tr data-case="{_e(case["id"])}" id="case-{_e(case["id"])}"><td><code>{_e(case["id"])}</code></td>'
-        f"<td>{_e(case['op'])}</td><td>{_e(case['dtype'])}</td>"
-        + "".join(f'<td data-run="{_e(label)}">{_run_result(case["runs"][label])}</td>' for label in labels)
+        f'<tr data-case="{escaped(case["id"])}" id="case-{escaped(case["id"])}"><td><code>{escaped(case["id"])}</code></td>'
+        f"<td>{escaped(case['op'])}</td><td>{escaped(case['dtype'])}</td>"
+        + "".join(f'<td data-run="{escaped(label)}">{_run_result(case["runs"][label])}</td>' for label in labels)
         + "</tr>"
         for case in sorted(differing, key=_rank)
     ]
@@ -309,12 +299,12 @@ def _unsupported(unsupported: list[dict], labels: list[str]) -> str:
     for (_, op, dtype, by, reasons), cases in groups.items():
         others = [label for label in labels if label not in by]
         outcomes = "<br>".join(
-            f"{_e(label)}: " + _badges(Counter(case["runs"][label]["outcome"] for case in cases)) for label in others
+            f"{escaped(label)}: " + _badges(Counter(case["runs"][label]["outcome"] for case in cases)) for label in others
         )
-        why = "<br>".join(f"{_e(label)}: {_e(reason)}" for label, reason in zip(by, reasons))
-        ids = "<br>".join(f"<code>{_e(case['id'])}</code>" for case in cases)
+        why = "<br>".join(f"{escaped(label)}: {escaped(reason)}" for label, reason in zip(by, reasons))
+        ids = "<br>".join(f"<code>{escaped(case['id'])}</code>" for case in cases)
         rows.append(
-            f'<tr data-op="{_e(op)}" data-dtype="{_e(dtype)}"><td>{_e(op)}</td><td>{_e(dtype)}</td><td>{_e(", ".join(by))}</td>'
+            f'<tr data-op="{escaped(op)}" data-dtype="{escaped(dtype)}"><td>{escaped(op)}</td><td>{escaped(dtype)}</td><td>{escaped(", ".join(by))}</td>'
             f'<td>{why}</td><td>{outcomes}</td><td><details><summary>{len(cases)}</summary>{ids}</details></td></tr>'
         )
     return (
@@ -328,21 +318,21 @@ def _e2e_tokens(entries: list[dict], labels: list[str]) -> str:
         return '<section><h2>End-to-end tokens</h2><p class="muted" id="e2e-tokens">no end-to-end case</p></section>'
     head = (
         "<tr><th>case</th><th>tokens</th><th>the same?</th><th>first difference</th>"
-        + "".join(f"<th>{_e(label)}</th>" for label in labels)
+        + "".join(f"<th>{escaped(label)}</th>" for label in labels)
         + "</tr>"
     )
     rows = []
     for entry in sorted(entries, key=lambda e: _rank({**e, "level": "model"})):
         agree = {True: "yes", False: "no", None: "unknown"}[entry["agree"]]
         if entry["agree"] is None:
-            where = _e(entry.get("why"))
+            where = escaped(entry.get("why"))
         elif entry["first_difference"] is None:
             where = '<span class="muted">—</span>'
         else:
             d = entry["first_difference"]
             request = f"request {d['request']}" + (f" ({d.get('adapter') or 'base'} · {d.get('prompt')!r})" if "prompt" in d else "")
-            tokens = ", ".join(f"{label} {_e(token)}" for label, token in d["tokens"].items())
-            where = f"{_e(request)}, position {d['position']}: {tokens}; {d['requests_differing']} of {d['requests']} requests differ"
+            tokens = ", ".join(f"{label} {escaped(token)}" for label, token in d["tokens"].items())
+            where = f"{escaped(request)}, position {d['position']}: {tokens}; {d['requests_differing']} of {d['requests']} requests differ"
         runs = []
         for label in labels:
             run = entry["runs"][label]
@@ -353,10 +343,10 @@ def _e2e_tokens(entries: list[dict], labels: list[str]) -> str:
             else:
                 ref = run["reference_difference"]
                 against = f'<div class="muted">differs from the reference at request {ref["request"]}, position {ref["position"]}</div>'
-            runs.append(f'<td data-run="{_e(label)}">{_badge(run["outcome"], run["outcome"])}{against}</td>')
+            runs.append(f'<td data-run="{escaped(label)}">{badge(run["outcome"], run["outcome"], BADGE_STYLE)}{against}</td>')
         rows.append(
-            f'<tr data-case="{_e(entry["id"])}" data-agree="{agree}"><td><code>{_e(entry["id"])}</code></td>'
-            f"<td>{_e(entry.get('source') or '—')}</td><td class=\"agree-{agree}\">{agree}</td><td>{where}</td>{''.join(runs)}</tr>"
+            f'<tr data-case="{escaped(entry["id"])}" data-agree="{agree}"><td><code>{escaped(entry["id"])}</code></td>'
+            f"<td>{escaped(entry.get('source') or '—')}</td><td class=\"agree-{agree}\">{agree}</td><td>{where}</td>{''.join(runs)}</tr>"
         )
     note = (
         '<p class="muted">greedy: the tokens generated free-running (the invariance checks: the whole batch in its order); '

@@ -92,9 +92,9 @@ def render_html_report(document: dict) -> str:
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>LoRA conformance: {_e(target)} — {'PASS' if gate.get('passed') else 'FAIL'}</title>",
+        f"<title>LoRA conformance: {escaped(target)} — {'PASS' if gate.get('passed') else 'FAIL'}</title>",
         f"<style>{CSS}</style></head><body>",
-        f"<h1>LoRA conformance report: {_e(target)}</h1>",
+        f"<h1>LoRA conformance report: {escaped(target)}</h1>",
         _verdict(gate, clusters),
         _run(document, results),
         _clusters(clusters, {r["op"]: r.get("level") or "other" for r in results}),
@@ -111,19 +111,20 @@ def render_html_report(document: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _e(value) -> str:
+def escaped(value) -> str:
     return escape("" if value is None else str(value))
 
 
-def _badge(outcome: str, text) -> str:
-    cls = OUTCOME_STYLE.get(outcome, ("other", "#000"))[0]
-    return f'<span class="badge {cls}" title="{_e(outcome)}">{_e(text)}</span>'
+def badge(outcome: str, text, styles: dict = OUTCOME_STYLE) -> str:
+    """An outcome's coloured label (``styles``: outcome → (CSS class, colour))."""
+    cls = styles.get(outcome, ("other", "#000"))[0]
+    return f'<span class="badge {cls}" title="{escaped(outcome)}">{escaped(text)}</span>'
 
 
 def _verdict(gate: dict, clusters: list[dict]) -> str:
     passed = bool(gate.get("passed"))
     reasons = gate.get("reasons") or []
-    items = "".join(f"<li>{_e(reason)}</li>" for reason in reasons)
+    items = "".join(f"<li>{escaped(reason)}</li>" for reason in reasons)
     failures = sum(cluster["count"] for cluster in clusters)
     problems = ""
     if clusters:  # before any case list: how many things are wrong, not how many cases show it
@@ -135,7 +136,7 @@ def _verdict(gate: dict, clusters: list[dict]) -> str:
         f'<section id="verdict" class="{"passed" if passed else "failed"}">'
         f'<div class="word">{"PASS" if passed else "FAIL"}</div>'
         + problems
-        + f'<div class="rule">gate: {_e(gate.get("rule", ""))}</div>'
+        + f'<div class="rule">gate: {escaped(gate.get("rule", ""))}</div>'
         + (f'<ul class="reasons">{items}</ul>' if items else "")
         + "</section>"
     )
@@ -146,7 +147,7 @@ def _plural(number: int, noun: str) -> str:
 
 
 def _counts(counts: dict) -> str:
-    return ", ".join(f"{_e(name)} {count}" for name, count in counts.items())
+    return ", ".join(f"{escaped(name)} {count}" for name, count in counts.items())
 
 
 def _clusters(clusters: list[dict], op_levels: dict[str, str]) -> str:
@@ -172,16 +173,16 @@ def _clusters(clusters: list[dict], op_levels: dict[str, str]) -> str:
         also = f" (its cases also show: {', '.join(others)})" if others else ""
         hits = cluster.get("hits") or {}
         shown = f"<li>each case on its own: {_counts(hits)}</li>" if len(hits) > 1 else ""
-        repro = f'<pre class="repro smallest">{_e(smallest.get("repro"))}</pre>' if smallest.get("repro") else ""
+        repro = f'<pre class="repro smallest">{escaped(smallest.get("repro"))}</pre>' if smallest.get("repro") else ""
         blocks.append(
             f'<section class="cluster" id="cluster-{cluster["id"]}">'
-            f'<h3>{cluster["id"]}. {_e(cluster["title"])} <span class="muted">— {_plural(cluster["count"], "case")}, '
+            f'<h3>{cluster["id"]}. {escaped(cluster["title"])} <span class="muted">— {_plural(cluster["count"], "case")}, '
             f'{_plural(len(ops), "op")}</span></h3><ul>'
-            f"<li>kind: <span class=\"cluster-kind\">{_e(cluster['kind'])}</span>{_e(also)}; hits: {_e(cluster['where'])}; "
-            f"op family: {_e(cluster['family'])}; outcomes: {_counts(cluster.get('outcomes') or {})}</li>{shown}"
-            f"<li>ops: {_e(spans)}</li><li>dtypes: {_counts(cluster.get('dtypes') or {})}</li>{explained}"
-            f"<li>smallest case{shrunk}: <code>{_e(smallest.get('id'))}</code> ({_e(smallest.get('op'))}, "
-            f"{_e(smallest.get('dtype'))}; {_e(smallest.get('shape'))}) <a href=\"#cluster-{cluster['id']}-cases\">all its cases</a></li>"
+            f"<li>kind: <span class=\"cluster-kind\">{escaped(cluster['kind'])}</span>{escaped(also)}; hits: {escaped(cluster['where'])}; "
+            f"op family: {escaped(cluster['family'])}; outcomes: {_counts(cluster.get('outcomes') or {})}</li>{shown}"
+            f"<li>ops: {escaped(spans)}</li><li>dtypes: {_counts(cluster.get('dtypes') or {})}</li>{explained}"
+            f"<li>smallest case{shrunk}: <code>{escaped(smallest.get('id'))}</code> ({escaped(smallest.get('op'))}, "
+            f"{escaped(smallest.get('dtype'))}; {escaped(smallest.get('shape'))}) <a href=\"#cluster-{cluster['id']}-cases\">all its cases</a></li>"
             f"</ul>{repro}</section>"
         )
     total = sum(cluster["count"] for cluster in clusters)
@@ -200,28 +201,28 @@ def _coverage(coverage: dict, dtypes: list[str]) -> str:
         return ""
     headline = list(coverage.get("headline") or HEADLINE)
     head = (
-        "<tr><th>op</th><th>level</th><th>cases run</th><th>not supported</th>" + "".join(f"<th>{_e(d)}</th>" for d in dtypes)
-        + "".join(f'<th title="{_e(FEATURE_DOCS.get(f, f))}">{_e(f)}</th>' for f in headline) + "</tr>"
+        "<tr><th>op</th><th>level</th><th>cases run</th><th>not supported</th>" + "".join(f"<th>{escaped(d)}</th>" for d in dtypes)
+        + "".join(f'<th title="{escaped(FEATURE_DOCS.get(f, f))}">{escaped(f)}</th>' for f in headline) + "</tr>"
     )  # fmt: skip
-    legend = "; ".join(f"<b>{_e(f)}</b>: {_e(FEATURE_DOCS.get(f, ''))}" for f in headline)
+    legend = "; ".join(f"<b>{escaped(f)}</b>: {escaped(FEATURE_DOCS.get(f, ''))}" for f in headline)
     rows, details = [], []
     for name, op in ops.items():
-        cells = [_coverage_cell(op["dtypes"].get(d), f' data-dtype="{_e(d)}"') for d in dtypes]
-        cells += [_coverage_cell(op["features"].get(f), f' data-feature="{_e(f)}"') for f in headline]
+        cells = [_coverage_cell(op["dtypes"].get(d), f' data-dtype="{escaped(d)}"') for d in dtypes]
+        cells += [_coverage_cell(op["features"].get(f), f' data-feature="{escaped(f)}"') for f in headline]
         unsupported = op.get("not_supported", 0)
         rows.append(
-            f'<tr data-op="{_e(name)}"><th>{_e(name)}</th><td class="muted">{_e(op["level"])}</td>{_coverage_cell(op)}'
+            f'<tr data-op="{escaped(name)}"><th>{escaped(name)}</th><td class="muted">{escaped(op["level"])}</td>{_coverage_cell(op)}'
             f'<td class="num{"" if unsupported else " zero"}">{unsupported}</td>{"".join(cells)}</tr>'
         )
         if op["cases"]:
             details.append(
-                f'<details data-op="{_e(name)}"><summary>{_e(name)}: {len(op["families"])} {"family" if len(op["families"]) == 1 else "families"}, '
+                f'<details data-op="{escaped(name)}"><summary>{escaped(name)}: {len(op["families"])} {"family" if len(op["families"]) == 1 else "families"}, '
                 f'{_plural(len(op["features"]), "feature")}</summary>'
                 f"<div>families: {_tallies(op['families'])}</div><div>features: {_tallies(op['features'])}</div></details>"
             )
     return (
         '<section><h2>Coverage: what the cases exercised</h2>'
-        f'<p class="muted">per op, {_e(coverage.get("counted", "cases run"))}: a cell reads cases (passed). {legend}</p>'
+        f'<p class="muted">per op, {escaped(coverage.get("counted", "cases run"))}: a cell reads cases (passed). {legend}</p>'
         f'<table id="coverage">{head}{"".join(rows)}</table>'
         f'<h3>Every family and feature, per op</h3><div id="coverage-details">{"".join(details)}</div></section>'
     )
@@ -235,7 +236,7 @@ def _coverage_cell(tally: dict | None, attribute: str = "") -> str:
 
 
 def _tallies(counts: dict) -> str:
-    return ", ".join(f'<span title="{_e(FEATURE_DOCS.get(name, ""))}">{_e(name)} {t["cases"]} ({t["passed"]})</span>' for name, t in counts.items())
+    return ", ".join(f'<span title="{escaped(FEATURE_DOCS.get(name, ""))}">{escaped(name)} {t["cases"]} ({t["passed"]})</span>' for name, t in counts.items())
 
 
 def _run(document: dict, results: list[dict]) -> str:
@@ -263,8 +264,8 @@ def _run(document: dict, results: list[dict]) -> str:
         shard = len(document.get("shard_cases") or [])
         selection = f" (a selection: {expected} of this shard's {shard})" if expected != shard else ""
         rows.append(("cases", f"{expected} expected{selection}; the profile holds {document['case_list']['count']}"))
-    body = "".join(f"<dt>{_e(name)}</dt><dd>{_e(value)}</dd>" for name, value in rows)
-    legend = " ".join(_badge(outcome, f"{counts.get(outcome, 0)} {outcome}") for outcome in OUTCOME_STYLE)
+    body = "".join(f"<dt>{escaped(name)}</dt><dd>{escaped(value)}</dd>" for name, value in rows)
+    legend = " ".join(badge(outcome, f"{counts.get(outcome, 0)} {outcome}") for outcome in OUTCOME_STYLE)
     return f'<section id="run"><h2>Run</h2><dl class="run">{body}</dl><p>{len(results)} cases: {legend}</p></section>'
 
 
@@ -280,10 +281,10 @@ def _matrix(results: list[dict]) -> str:
     for result in results:
         cells[result["op"], result["dtype"]][result["outcome"]] += 1
         levels[result.get("level") or "other"].add(result["op"])
-    head = "<tr><th>op</th>" + "".join(f"<th>{_e(d)}</th>" for d in dtypes) + "</tr>"
+    head = "<tr><th>op</th>" + "".join(f"<th>{escaped(d)}</th>" for d in dtypes) + "</tr>"
     rows = []
     for level in [lv for lv in LEVELS if lv in levels] + sorted(set(levels) - set(LEVELS)):
-        rows.append(f'<tr class="level"><th colspan="{len(dtypes) + 1}">{_e(level)}</th></tr>')
+        rows.append(f'<tr class="level"><th colspan="{len(dtypes) + 1}">{escaped(level)}</th></tr>')
         for op in sorted(levels[level]):
             tds = []
             for dtype in dtypes:
@@ -291,9 +292,9 @@ def _matrix(results: list[dict]) -> str:
                 if not cell:
                     tds.append('<td class="muted">—</td>')
                     continue
-                badges = " ".join(_badge(o, f"{cell[o]} {o}") for o in OUTCOME_STYLE if cell.get(o))
-                tds.append(f'<td data-op="{_e(op)}" data-dtype="{_e(dtype)}">{badges}</td>')
-            rows.append(f"<tr><th>{_e(op)}</th>{''.join(tds)}</tr>")
+                badges = " ".join(badge(o, f"{cell[o]} {o}") for o in OUTCOME_STYLE if cell.get(o))
+                tds.append(f'<td data-op="{escaped(op)}" data-dtype="{escaped(dtype)}">{badges}</td>')
+            rows.append(f"<tr><th>{escaped(op)}</th>{''.join(tds)}</tr>")
     if not results:
         rows.append(f'<tr><td colspan="{len(dtypes) + 1}" class="muted">no case ran</td></tr>')
     return f'<section><h2>Matrix: op × dtype</h2><table id="matrix">{head}{"".join(rows)}</table></section>'
@@ -330,7 +331,7 @@ def _failures(results: list[dict], clusters: list[dict], cluster_by_case: dict[s
         if not members:
             continue
         summary = (
-            f"problem {number}: {_e(cluster['title'])} — {_plural(len(members), 'case')}" if cluster
+            f"problem {number}: {escaped(cluster['title'])} — {_plural(len(members), 'case')}" if cluster
             else f"not in a problem — {_plural(len(members), 'case')}"
         )
         rows = "".join(_failure_row(result, number) for result in members)
@@ -343,17 +344,17 @@ def _failures(results: list[dict], clusters: list[dict], cluster_by_case: dict[s
 def _failure_row(result: dict, cluster: int | None) -> str:
     m = result.get("measurement") or {}
     repro = result.get("repro")
-    detail = f"<div>{_e(result.get('message'))}</div>"
+    detail = f"<div>{escaped(result.get('message'))}</div>"
     if repro:
-        detail += f'<pre class="repro">{_e(repro)}</pre>'
+        detail += f'<pre class="repro">{escaped(repro)}</pre>'
     if result.get("replay"):
-        detail += f'<div class="muted">replay: <code>{_e(result["replay"])}</code></div>'
+        detail += f'<div class="muted">replay: <code>{escaped(result["replay"])}</code></div>'
     data = f' data-cluster="{cluster}"' if cluster else ""
     return (
-        f'<tr id="case-{_e(result["id"])}"{data}><td><code>{_e(result["id"])}</code></td>'
-        f"<td>{_badge(result['outcome'], result['outcome'])}</td>"
-        f"<td class=\"kind\">{_e(', '.join(result.get('kinds') or []) or '—')}</td><td>{_e(result['op'])}</td>"
-        f"<td>{_e(result['dtype'])}</td><td class=\"num\">{_number(m.get('max_abs_error'))}</td>"
+        f'<tr id="case-{escaped(result["id"])}"{data}><td><code>{escaped(result["id"])}</code></td>'
+        f"<td>{badge(result['outcome'], result['outcome'])}</td>"
+        f"<td class=\"kind\">{escaped(', '.join(result.get('kinds') or []) or '—')}</td><td>{escaped(result['op'])}</td>"
+        f"<td>{escaped(result['dtype'])}</td><td class=\"num\">{_number(m.get('max_abs_error'))}</td>"
         f"<td class=\"num\">{_number(m.get('max_ulp'))}</td>"
         f"<td class=\"num\">{_number(m.get('budget_ratio'))}</td><td>{detail}</td></tr>"
     )
@@ -364,10 +365,10 @@ def _missing(document: dict) -> str:
     missing = document.get("missing") or []
     if not missing:
         return ""
-    items = "".join(f"<li><code>{_e(case_id)}</code></li>" for case_id in missing)
+    items = "".join(f"<li><code>{escaped(case_id)}</code></li>" for case_id in missing)
     resume = ""
     if document.get("report_dir"):
-        resume = f'<pre class="repro">pytest conformance --resume {_e(document["report_dir"])}</pre>'
+        resume = f'<pre class="repro">pytest conformance --resume {escaped(document["report_dir"])}</pre>'
     return (
         f'<section><h2>Cases without a result ({len(missing)})</h2><div id="missing">'
         "<p>These cases were to be judged and were not: the run was killed before them, a process died "
@@ -381,8 +382,8 @@ def _not_applicable(document: dict) -> str:
     if not entries:
         return ""
     rows = "".join(
-        f"<tr><td><code>{_e(entry.get('id'))}</code></td><td>{_e(entry.get('reason'))}</td>"
-        f"<td>{_e(entry.get('not_applicable'))}</td></tr>"
+        f"<tr><td><code>{escaped(entry.get('id'))}</code></td><td>{escaped(entry.get('reason'))}</td>"
+        f"<td>{escaped(entry.get('not_applicable'))}</td></tr>"
         for entry in entries
     )
     head = "<tr><th>entry</th><th>reason</th><th>why it does not apply here</th></tr>"
@@ -405,11 +406,11 @@ def _known_failures(gate: dict, results: list[dict]) -> str:
         return '<section id="known-failures"><h2>Known failures</h2><p class="muted">none</p></section>'
     rows = []
     for entry in entries.values():
-        links = ", ".join(f'<a href="{_e(url)}">{_e(url)}</a>' for url in entry.get("upstream") or [])
+        links = ", ".join(f'<a href="{escaped(url)}">{escaped(url)}</a>' for url in entry.get("upstream") or [])
         rows.append(
-            f"<tr><td><code>{_e(entry.get('id'))}</code></td><td>{_e(entry.get('reason'))}</td>"
-            f"<td>{links or '—'}</td><td>{_e(entry.get('expires'))}</td>"
-            f"<td class=\"num\">{_e(entry.get('cases'))}</td></tr>"
+            f"<tr><td><code>{escaped(entry.get('id'))}</code></td><td>{escaped(entry.get('reason'))}</td>"
+            f"<td>{links or '—'}</td><td>{escaped(entry.get('expires'))}</td>"
+            f"<td class=\"num\">{escaped(entry.get('cases'))}</td></tr>"
         )
     head = "<tr><th>entry</th><th>reason</th><th>upstream</th><th>expires</th><th>cases</th></tr>"
     return f'<section><h2>Known failures</h2><table id="known-failures">{head}{"".join(rows)}</table></section>'
@@ -422,19 +423,19 @@ def _environment(document: dict) -> str:
     if len(fingerprints) > 1:
         keys = list(dict.fromkeys(k for f in fingerprints for k in f["environment"]))
         head = "<tr><th></th>" + "".join(
-            f"<th>{_e(f['source'])}" + (f" (shard {_e(f['shard'])})" if f.get("shard") else "") + "</th>" for f in fingerprints
+            f"<th>{escaped(f['source'])}" + (f" (shard {escaped(f['shard'])})" if f.get("shard") else "") + "</th>" for f in fingerprints
         ) + "</tr>"
         rows = []
         for key in keys:
             values = [f["environment"].get(key) for f in fingerprints]
             differs = ' class="differs"' if len({str(v) for v in values}) > 1 else ""
-            rows.append(f"<tr{differs}><th>{_e(key)}</th>" + "".join(f"<td>{_e(v)}</td>" for v in values) + "</tr>")
+            rows.append(f"<tr{differs}><th>{escaped(key)}</th>" + "".join(f"<td>{escaped(v)}</td>" for v in values) + "</tr>")
         table = f'<p>{len(fingerprints)} inputs, fingerprints differ (rows marked):</p><table id="environment">{head}{"".join(rows)}</table>'
     else:
         if not isinstance(environment, dict) or not environment:
             keys = ("python", "suite_version", "target", "expectations", "shard")
             environment = {key: document[key] for key in keys if document.get(key) is not None}
-        rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in environment.items())
+        rows = "".join(f"<tr><th>{escaped(k)}</th><td>{escaped(v)}</td></tr>" for k, v in environment.items())
         table = f'<table id="environment">{rows}</table>'
     return f"<section><h2>Environment</h2>{table}{_workers(document.get('workers') or [])}</section>"
 
@@ -444,8 +445,8 @@ def _workers(workers: list[dict]) -> str:
     if not workers or (len(workers) == 1 and set(workers[0]) <= {"worker", "pid", "device", "driver"}):
         return ""
     columns = list(dict.fromkeys(k for w in workers for k in w if k != "pid"))
-    head = "".join(f"<th>{_e(c)}</th>" for c in columns)
-    rows = "".join("<tr>" + "".join(f"<td>{_e(w.get(c, '—'))}</td>" for c in columns) + "</tr>" for w in workers)
+    head = "".join(f"<th>{escaped(c)}</th>" for c in columns)
+    rows = "".join("<tr>" + "".join(f"<td>{escaped(w.get(c, '—'))}</td>" for c in columns) + "</tr>" for w in workers)
     return f'<h3>Workers</h3><table id="workers"><tr>{head}</tr>{rows}</table>'
 
 
@@ -496,7 +497,7 @@ def _budget_plot(results: list[dict]) -> str:
         y = top + row * row_h + row_h / 2
         values = sorted(x for x, _ in points)
         q1, q2, q3 = (_quantile(values, q) for q in (0.25, 0.5, 0.75))
-        parts.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">{_e(op)} ({len(points)})</text>')
+        parts.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">{escaped(op)} ({len(points)})</text>')
         parts.append(
             f'<rect x="{sx(q1):.1f}" y="{y - 8:.1f}" width="{max(sx(q3) - sx(q1), 1):.1f}" height="16" '
             'fill="#bbdefb" stroke="#1565c0"/>'
