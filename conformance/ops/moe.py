@@ -19,7 +19,7 @@ import torch
 from conformance import reference
 from conformance.cases.case import Case
 from conformance.cases.values import activations, moe_lora_a_stack, moe_lora_b_stack, routing_weights
-from conformance.reference import LoRAKernelMeta, PunicaWrapperReference, aligned_buffers, alignment_problems
+from conformance.reference import LoRAKernelMeta, PunicaWrapperReference, aligned_buffers, aligned_sizes, alignment_problems
 
 from .level import Level
 from .spec import OpCall, OpSpec, Tensors
@@ -144,8 +144,7 @@ def _fused_moe_lora(case: Case, t: Tensors, device) -> OpCall:
 
 
 def _alignment_sizes(case: Case) -> tuple[int, int]:
-    _, _, _, blocks, per_slot = aligned_buffers(case.num_tokens * case.top_k, case.global_experts, case.block_size, case.num_slots, "cpu")
-    return per_slot, blocks
+    return aligned_sizes(case.num_tokens * case.top_k, case.global_experts, case.block_size)
 
 
 def _moe_lora_align_block_size(case: Case, t: Tensors, device) -> OpCall:

@@ -20,7 +20,7 @@ from .op_moe_lora_align_block_size import alignment_problems, moe_lora_align_blo
 from .op_sgmv_expand import sgmv_expand
 from .op_sgmv_expand_slice import sgmv_expand_slice
 from .op_sgmv_shrink import sgmv_shrink
-from .punica_wrapper import PunicaWrapperReference, aligned_buffers
+from .punica_wrapper import PunicaWrapperReference, aligned_buffers, aligned_sizes
 
 __all__ = [
     "NO_ADAPTER",
@@ -28,6 +28,7 @@ __all__ = [
     "LoRAMapping",
     "PunicaWrapperReference",
     "aligned_buffers",
+    "aligned_sizes",
     "alignment_problems",
     "SegmentMetadata",
     "bgmv_expand",

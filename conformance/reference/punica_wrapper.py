@@ -204,17 +204,22 @@ class PunicaWrapperReference:
             column += width
 
 
+def aligned_sizes(num_pairs: int, num_experts: int, block_size: int) -> tuple[int, int]:
+    """``(max_num_tokens_padded, max_num_m_blocks)`` per slot, as vLLM's wrapper sizes them."""
+    per_slot = num_pairs + num_experts * (block_size - 1)
+    if num_pairs < num_experts:
+        per_slot = num_pairs * block_size
+    return per_slot, -(-per_slot // block_size)
+
+
 def aligned_buffers(num_pairs: int, num_experts: int, block_size: int, max_loras: int, device) -> tuple:
-    """The outputs of ``moe_lora_align_block_size`` sized as vLLM's wrapper sizes them.
+    """The outputs of ``moe_lora_align_block_size`` sized by :func:`aligned_sizes`.
 
     ``(sorted_token_ids, expert_ids, num_tokens_post_pad, max_num_m_blocks, max_num_tokens_padded)``;
     sorted ids start at −1 and the counts at −1 (so an entry the op must write and does not shows), the
     expert ids at −1 (as vLLM initializes them: an untouched block is skipped).
     """
-    per_slot = num_pairs + num_experts * (block_size - 1)
-    if num_pairs < num_experts:
-        per_slot = num_pairs * block_size
-    blocks = -(-per_slot // block_size)
+    per_slot, blocks = aligned_sizes(num_pairs, num_experts, block_size)
     return (
         torch.full((max_loras * per_slot,), -1, dtype=torch.int32, device=device),
         torch.full((max_loras * blocks,), -1, dtype=torch.int32, device=device),
