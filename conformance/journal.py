@@ -41,7 +41,7 @@ def case_list_summary(case_ids: list[str]) -> dict:
 def case_id_of(nodeid: str) -> str | None:
     """``conformance/test_ops.py::test_op[ID]`` → ``ID``; None for a test that is not a conformance case."""
     name = nodeid.rsplit("::", 1)[-1]
-    if not (name.startswith(("test_op[", "test_e2e[")) and name.endswith("]")):
+    if not (name.startswith(("test_op[", "test_e2e[", "test_tp[")) and name.endswith("]")):
         return None
     return name[name.index("[") + 1 : -1]
 

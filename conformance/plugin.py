@@ -186,6 +186,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kernel: a kernel-level op case (design level 1)")
     config.addinivalue_line("markers", "wrapper: a PunicaWrapper-level op case (design level 2)")
     config.addinivalue_line("markers", "e2e: an end-to-end generation case (design level 4, the model)")
+    config.addinivalue_line("markers", "tp: a tensor-parallel LoRA layer case (design level 3, the layer; conformance.tp)")
     option = config.option
     try:
         config.stash[_SHARD_SOURCE_KEY] = _settle_shard(option)
@@ -324,6 +325,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "e2e_case" in metafunc.fixturenames:
         run = metafunc.config.stash[_RUN_KEY]
         metafunc.parametrize("e2e_case", [pytest.param(c, id=c.case_id, marks=[pytest.mark.e2e]) for c in run.e2e_cases()])
+    if "tp_case" in metafunc.fixturenames:
+        run = metafunc.config.stash[_RUN_KEY]
+        metafunc.parametrize("tp_case", [pytest.param(c, id=c.case_id, marks=[pytest.mark.tp]) for c in run.tp_cases()])
 
 
 @pytest.fixture(scope="session")

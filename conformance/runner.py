@@ -4,8 +4,9 @@
    without touching the target's ops (asked in this order, so a target's own checks in
    ``unsupported_reason`` never hide that an op is missing);
 2. the target runs the op on the case's values (on its device); an exception → BROKEN;
-3. the reference runs twice on the same values: in float64 (the oracle) and in the case dtype (the
-   baseline);
+3. the reference runs on the same values in float64 (the oracle) and in the case dtype (the
+   baseline), and once more in float64 on a zeroed output (the oracle's delta, for the verdict's
+   systematic-error rule);
 4. ``conformance.verdict.judge`` decides PASS or FAIL, and the message names the rows and their slots;
    a target that changed one of its inputs fails too (inputs are read-only in every op's contract).
 Expectations (known failures) are applied afterwards, by ``conformance.expectations``.
@@ -118,6 +119,18 @@ def _float64(values: Tensors) -> Tensors:
     return {k: v.double() if v.is_floating_point() else v for k, v in values.items()}
 
 
+def oracle_delta(spec: OpSpec, case: Case, values: Tensors, reference: ReferenceTarget) -> torch.Tensor:
+    """What the op adds to its output, in float64: the reference on the same inputs with the output zeroed.
+
+    One generic run instead of knowing, per op, whether it accumulates (the delta is the oracle minus
+    the initial output) or overwrites (``add_inputs=False``, ``apply_lora_full_linear``: the delta is
+    what it writes); the systematic-error rule of the verdict fits the error against it.
+    ``reference`` already holds the case's mapping."""
+    zeroed = _float64(values)
+    zeroed[spec.output] = torch.zeros_like(zeroed[spec.output])
+    return execute(spec, case, zeroed, reference, torch.device("cpu"), update_metadata=False)[spec.output]
+
+
 def describe_rows(rows: tuple[int, ...], row_slots: tuple[int, ...], limit: int = 8) -> str:
     """"rows 3, 5 (slot −1, no adapter); row 7 (slot 2)": rows grouped by the slot they use."""
     by_slot: dict[int, list[int]] = {}
@@ -173,7 +186,8 @@ def run_case(target: Target, case: Case, case_id: str | None = None, values: Ten
     reference = ReferenceTarget()
     oracle = execute(spec, case, _float64(values), reference, cpu)[spec.output]
     baseline = execute(spec, case, values, reference, cpu, update_metadata=False)[spec.output]
-    verdict = judge(after[spec.output], oracle, baseline, values[spec.output], spec.written_mask(case))
+    delta = oracle_delta(spec, case, values, reference)
+    verdict = judge(after[spec.output], oracle, baseline, values[spec.output], spec.written_mask(case), delta)
     changed = modified_inputs(spec, values, after)
     if verdict.passed and not changed:
         return CaseResult(case_id, case, Outcome.PASS, "", verdict.measurement, features, seconds)

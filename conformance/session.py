@@ -38,6 +38,8 @@ from conformance.report.coverage import add_coverage
 from conformance.report.fingerprint import device_description, environment_fingerprint
 from conformance.runner import CaseResult, check_values, make_values
 from conformance.targets import TargetError, TargetUnavailable, known_targets, resolve
+from conformance.tp.cases import tp_cases
+from conformance.tp.run import TPExecutor
 from conformance.verdict import FailureKind, Outcome
 
 SUITE_VERSION = conformance.__version__
@@ -62,6 +64,8 @@ class RunSettings:
     shrink: bool = False
     isolation: str = "process"
     case_timeout: float | None = None
+    devices: str | None = None  # --devices: also the device of each tensor-parallel rank (conformance.tp.run)
+    device_env: str | None = None
 
 
 class CaseEntry(tuple):
@@ -133,6 +137,8 @@ class ConformanceRun:
         self.case_timeout = timeout if self.isolation == "process" and timeout > 0 else None
         self.journal = journal.Journal(self.report_dir, self.worker)
         self._executor = None
+        self._tp_executor = None
+        self.devices, self.device_env = self._devices(settings.devices), settings.device_env
         self.on_record = None  # called with each result's record before it is journalled (Allure labels)
         if self.isolation == "none" and runs_cases:
             self._executor = self._local_executor()  # load errors are usage errors, as they always were
@@ -181,6 +187,22 @@ class ConformanceRun:
             )
         return self._executor
 
+    @staticmethod
+    def _devices(value: str | None) -> str | list[str] | None:
+        if value is None or value == "auto":
+            return value
+        return [part.strip() for part in value.split(",")]
+
+    @property
+    def tp_executor(self) -> TPExecutor:
+        """Where tensor-parallel cases run: a pool of rank processes (``conformance.tp``), made on first use."""
+        if self._tp_executor is None:
+            self._tp_executor = TPExecutor(
+                self.target_name, case_timeout=self.case_timeout, torch_threads=torch.get_num_threads(),
+                devices=self.devices, device_env=self.device_env,
+            )
+        return self._tp_executor
+
     def start_worker(self) -> None:
         """Start the isolated worker now, so that it loads the target while the session sets up."""
         if self.isolation == "process":
@@ -189,6 +211,8 @@ class ConformanceRun:
     def close(self) -> None:
         if self._executor is not None:
             self._executor.close()
+        if self._tp_executor is not None:
+            self._tp_executor.close()
 
     def _expectations_path(self, value: str | None) -> Path | None:
         if value == "none":
@@ -224,10 +248,17 @@ class ConformanceRun:
             return []
         return self._in_shard(e2e_cases(self.profile))
 
+    def tp_cases(self) -> list:
+        """The profile's tensor-parallel cases (of this shard); none when replaying an op case."""
+        if self.replay_entry is not None:
+            return []
+        return self._in_shard(tp_cases(self.profile, self.seed))
+
     def cases_by_id(self) -> dict:
-        """Every case of this run's shard by id, op and end to end."""
+        """Every case of this run's shard by id: op, end to end and tensor-parallel."""
         cases = {entry[0]: entry[1] for entry in self.entries()}
         cases.update((case.case_id, case) for case in self.e2e_cases())
+        cases.update((case.case_id, case) for case in self.tp_cases())
         return cases
 
     def manifest(self, expected: list[str]) -> dict:
@@ -237,6 +268,7 @@ class ConformanceRun:
         else:
             whole_list = [case_id for case_id, _ in profile_cases(self.profile, self.seed)]
             whole_list += [case.case_id for case in e2e_cases(self.profile)]
+            whole_list += [case.case_id for case in tp_cases(self.profile, self.seed)]
         return {
             **self.about(),
             "environment": environment_fingerprint(environ=os.environ),
@@ -257,6 +289,18 @@ class ConformanceRun:
         result = apply_expectations(result, self.expectations, self.today)
         if result.outcome in (Outcome.FAIL, Outcome.BROKEN, Outcome.KNOWN_FAILURE):
             result.repro = f"pytest 'conformance/test_e2e.py::test_e2e[{case.case_id}]' --target={self.target_name}"
+        self.record(result)
+        return result
+
+    def run_tp(self, case) -> CaseResult:
+        try:
+            result = self.tp_executor.run(case)
+        except ValueError as exc:  # --devices cannot give every rank a device: the run's options, not the target
+            raise RunError(str(exc)) from None
+        result = apply_expectations(result, self.expectations, self.today)
+        if result.outcome in (Outcome.FAIL, Outcome.BROKEN, Outcome.KNOWN_FAILURE):
+            seed = f" --seed={self.seed}" if self.seed else ""
+            result.repro = f"pytest 'conformance/test_tp.py::test_tp[{case.case_id}]' --target={self.target_name}{seed}"
         self.record(result)
         return result
 
@@ -336,6 +380,8 @@ class ConformanceRun:
                 "device": f"{device_type}: not read (no case ran in this process)", "driver": "unknown"}
         if isinstance(self._executor, IsolatedExecutor):
             info["worker_restarts"] = self._executor.restarts
+        if self._tp_executor is not None:
+            info["tp_pool_starts"] = self._tp_executor.pool_starts
         return {**info, **device}
 
     def about(self) -> dict:
@@ -392,6 +438,9 @@ class ConformanceRun:
             for case in self.e2e_cases():
                 if case.case_id in expected and case.case_id not in done:
                     self.run_e2e(case)
+            for case in self.tp_cases():
+                if case.case_id in expected and case.case_id not in done:
+                    self.run_tp(case)
             workers = [self.worker_info()]
         finally:
             self.close()

@@ -30,8 +30,12 @@ from __future__ import annotations
 
 import torch
 
+from conformance.ops import OP_SPECS
 from conformance.reference import LoRAKernelMeta
+from conformance.targets.base import Target
 from conformance.targets.kernel_target import KernelTarget
+from conformance.targets.reference import ReferenceTarget
+from conformance.verdict.metrics import bitwise_differences
 
 
 def as_3d(stack: torch.Tensor) -> torch.Tensor:
@@ -412,6 +416,81 @@ class WeightAfterRoundingTarget(PlainTorchTarget):
         return delta if weights is None else (delta.float() * weights[:, None]).to(out_dtype)
 
 
+class ActivationDtypeIntermediateTarget(PlainTorchTarget):
+    """Correct, rounding elsewhere: the fused wrappers (``add_lora_linear``, ``add_lora_logits``) keep
+    their shrink intermediate in the activation dtype, as Gaudi's extension ops do: ``x @ Aᵀ`` comes out
+    of a GEMM in the activation dtype (rounded once), is scaled there (rounded again) and is then
+    expanded. Two roundings of a per-row intermediate instead of vLLM's one (``CAST_TYPE``): with rank 1
+    an error of up to two units of roundoff exactly proportional to each row's delta."""
+
+    name = "plain-torch-activation-dtype-intermediate"
+
+    def activation_dtype_intermediate(self, x, lora_a_stacked, scale: float) -> torch.Tensor:
+        """``[S, T, R]`` in ``x``'s dtype: ``round(round(x @ A_s[slot]ᵀ) · scale)``."""
+        rank = lora_a_stacked[0].size(-2)
+        buffer = self.zero_buffer(len(lora_a_stacked), x.size(0), rank)
+        self.add_shrink(buffer, x, lora_a_stacked, 1.0)
+        return buffer.to(x.dtype) * scale
+
+    def add_lora_linear(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, *, buffer=None,
+                        lora_bias_stacked=None, add_inputs=True, **kwargs):
+        x = x.reshape(-1, x.size(-1))
+        intermediate = self.activation_dtype_intermediate(x, lora_a_stacked, scale)
+        self.add_expand(y, intermediate, lora_b_stacked, output_slices, 0, add_inputs, lora_bias_stacked=lora_bias_stacked)
+
+    def add_lora_logits(self, y, x, lora_a_stacked, lora_b_stacked, scale, *, buffer=None, **kwargs):
+        y2d, x = y.view(-1, y.size(-1)), x.reshape(-1, x.size(-1))
+        slots = self.sampled_indices
+        intermediate = self.zero_buffer(1, x.size(0), lora_a_stacked.size(-2))[0]
+        self.bgmv_shrink(x, lora_a_stacked, intermediate, slots, 1.0)
+        self.bgmv_expand(intermediate.to(x.dtype) * scale, lora_b_stacked, y2d, slots, True)
+
+
+class Float32ReferenceTarget(Target):
+    """Correct, rounding elsewhere: the golden reference run on float32 copies of every floating-point
+    tensor, its output rounded once to the case dtype at the end (no rounding of the delta before it is
+    added, nor of the shrink result before the expand, as vLLM's kernels round)."""
+
+    name = "reference-float32"
+    description = "the golden reference computing in float32, rounded to the case dtype once (tests only)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reference = ReferenceTarget()
+
+    def update_metadata(self, mapping) -> None:
+        self.reference.update_metadata(mapping)
+
+    def __getattr__(self, name: str):
+        if name not in OP_SPECS:
+            raise AttributeError(name)
+        op = getattr(self.reference, name)
+
+        def in_float32(*args, **kwargs):
+            pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (caller's tensor, its float32 copy)
+            op(*_float32_copies(args, pairs), **_float32_copies(kwargs, pairs))
+            for caller, copy in pairs:
+                rounded = copy.to(caller.dtype)
+                if bitwise_differences(rounded, caller).any():  # the outputs only: an input may be a stride-0 view
+                    caller.copy_(rounded)
+
+        return in_float32
+
+
+def _float32_copies(value, pairs: list):
+    """``value`` with every 16-bit floating tensor replaced by a float32 copy (recorded in ``pairs``),
+    through tuples, lists and dicts; float32 tensors are passed as they are (written in place)."""
+    if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
+        copy = value.float()
+        pairs.append((value, copy))
+        return copy
+    if isinstance(value, (tuple, list)):
+        return type(value)(_float32_copies(v, pairs) for v in value)
+    if isinstance(value, dict):
+        return {k: _float32_copies(v, pairs) for k, v in value.items()}
+    return value
+
+
 def _checked_slice(lora_b: torch.Tensor, slice_size: int) -> torch.Tensor:
     if slice_size != lora_b.size(1):
         raise ValueError(f"slice_size {slice_size} differs from the LoRA-B width {lora_b.size(1)}")
@@ -694,6 +773,36 @@ class SgmvIgnoresSeqStartLoc(PlainTorchTarget):
         return torch.cat([repeated, repeated.new_full((rows - repeated.numel(),), -1)])
 
 
+class SgmvStoresUncoveredRows(PlainTorchTarget):
+    """sgmv expands store every row of the batch: a row no segment covers gets a zero delta, stored.
+
+    A kernel launched over all ``token_nums`` rows that looks each row's segment up in ``b_seq_start_loc``
+    and, finding none, still stores ``(out if add_inputs else 0) + 0``: with ``add_inputs=False`` the rows
+    between, before and after the segments are zeroed. Those rows belong to no segment and must stay
+    bit-identical (docs/vllm-lora-ops.md §2.3); rows of slot −1 inside a segment are skipped correctly."""
+
+    name = "fault-sgmv-stores-uncovered-rows"
+
+    def sgmv_expand(self, inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
+                    batches, max_seq_length, token_nums, add_inputs=False):
+        super().sgmv_expand(inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
+                            batches, max_seq_length, token_nums, add_inputs)
+        self.store_uncovered(output_tensor, b_seq_start_loc, seq_len_tensor, 0, as_3d(lora_b_weights).size(1), add_inputs)
+
+    def sgmv_expand_slice(self, inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
+                          batches, max_seq_length, token_nums, slice_offset, slice_size, add_inputs=False):
+        super().sgmv_expand_slice(inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor,
+                                  lora_indices_tensor, batches, max_seq_length, token_nums, slice_offset, slice_size, add_inputs)
+        self.store_uncovered(output_tensor, b_seq_start_loc, seq_len_tensor, slice_offset, slice_size, add_inputs)
+
+    def store_uncovered(self, out, b_seq_start_loc, seq_len_tensor, offset: int, width: int, add_inputs: bool) -> None:
+        # a row is covered when some segment holds it; slot −1 segments count as covered (skipped, right)
+        covered = self.slots_of_segments(b_seq_start_loc, seq_len_tensor, torch.zeros_like(seq_len_tensor), out.size(0)) != -1
+        columns = slice(offset, offset + width)
+        kept = out[~covered, columns].float() if add_inputs else torch.zeros_like(out[~covered, columns], dtype=torch.float32)
+        out[~covered, columns] = (kept + 0.0).to(out.dtype)
+
+
 class BiasOnNoAdapterRows(PlainTorchTarget):
     """The LoRA bias is gathered for every row, so rows of slot −1 get the last slot's bias.
 
@@ -928,6 +1037,110 @@ class MoEAlignIgnoresExpertMap(PlainTorchTarget):
         return super().align_experts(topk_ids, None)
 
 
+class LinearAddInputsDropped(PlainTorchTarget):
+    """``add_lora_linear`` drops its ``add_inputs`` keyword and always accumulates: a wrapper that takes it
+    in ``**kwargs`` as "unused" (vLLM's CPU wrapper documents its kwargs so) serves the dual-stream path
+    the base output plus the delta where the LoRA output alone was asked for."""
+
+    name = "fault-linear-add-inputs-dropped"
+
+    def add_lora_linear(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, *, add_inputs=True, **kwargs):
+        super().add_lora_linear(y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, **kwargs)
+
+
+class PackedSlicesCappedAtThree(PlainTorchTarget):
+    """The lora_* kernels serve at most three slices, as a kernel whose per-slice pointer table or grid
+    was sized for QKV would: the fourth to seventh slices of a packed layer get no delta."""
+
+    name = "fault-packed-slices-capped-at-three"
+
+    def lora_shrink(self, inputs, lora_a_weights, output_tensor, *metadata_and_scaling):
+        super().lora_shrink(inputs, lora_a_weights[:3], output_tensor[:3], *metadata_and_scaling)
+
+    def lora_expand(self, inputs, lora_b_weights, output_tensor, *metadata, **kwargs):
+        super().lora_expand(inputs[:3], lora_b_weights[:3], output_tensor, *metadata, **kwargs)
+
+
+# -- systematic faults: a delta a percent or two off, inside the elementwise budget -------------------
+
+
+class DeltaGain(PlainTorchTarget):
+    """Base of the systematic faults: while ``gained_op`` runs on ``dtype`` weights, the expand's
+    float32 accumulator is multiplied by ``1 + gain``, so the LoRA delta (not the bias) is ``gain`` too
+    large in every element. The bug classes: inverted dropout's ``1 / (1 − p)`` rescale left on at
+    inference for a LoRA dropout ``p`` of 1–2 %; a scaling factor computed from a rounded or
+    mismatched ``alpha`` or rank; a dequantisation scale slightly off. Each error is about one rounding
+    of the output, so only the systematic-error rule of the verdict can see it."""
+
+    name = "fault-delta-gain"
+    gained_op = ""
+    dtype = torch.bfloat16
+    gain = 0.0
+    _gain_applies = False
+
+    def expand_product(self, tiled, flat_b):
+        product = super().expand_product(tiled, flat_b)
+        return product * (1 + self.gain) if self._gain_applies and flat_b.dtype == self.dtype else product
+
+    def with_gain(self, op: str, *args, **kwargs):
+        self._gain_applies = True
+        try:
+            getattr(super(), op)(*args, **kwargs)
+        finally:
+            self._gain_applies = False
+
+
+class LinearDeltaGain(DeltaGain):
+    gained_op = "add_lora_linear"
+
+    def add_lora_linear(self, *args, **kwargs):
+        self.with_gain("add_lora_linear", *args, **kwargs)
+
+
+class BgmvExpandDeltaGain(DeltaGain):
+    gained_op = "bgmv_expand"
+
+    def bgmv_expand(self, *args, **kwargs):
+        self.with_gain("bgmv_expand", *args, **kwargs)
+
+
+class FusedMoEDeltaGain(DeltaGain):
+    gained_op = "fused_moe_lora"
+
+    def fused_moe_lora(self, *args, **kwargs):
+        self.with_gain("fused_moe_lora", *args, **kwargs)
+
+
+DTYPE_SHORT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def delta_gain_fault(base: type[DeltaGain], dtype: torch.dtype, gain: float) -> type[DeltaGain]:
+    """The fault of ``base`` in ``dtype`` with ``gain``: its own class, name and one-line docstring."""
+    percent = f"{gain * 100:+g}%"
+    short = DTYPE_SHORT[dtype]
+    return type(
+        f"{base.__name__}_{short}_{'plus' if gain > 0 else 'minus'}{abs(gain) * 100:g}pct".replace(".", "_"),
+        (base,),
+        {
+            "name": f"fault-delta-gain{percent.rstrip('%')}pct-{base.gained_op}-{short}",
+            "dtype": dtype,
+            "gain": gain,
+            "__doc__": f"{base.gained_op}'s LoRA delta is {percent} off in {short} (see DeltaGain).\n\n{DeltaGain.__doc__}",
+            "__module__": __name__,
+        },
+    )
+
+
+DELTA_GAIN_FAULTS: tuple[type[DeltaGain], ...] = (
+    *(delta_gain_fault(LinearDeltaGain, dtype, gain) for dtype in DTYPE_SHORT for gain in (0.01, 0.02)),
+    delta_gain_fault(LinearDeltaGain, torch.bfloat16, 0.016),  # issue 14's: budget ratio 0.58, SQNR 38.8 dB
+    delta_gain_fault(LinearDeltaGain, torch.bfloat16, -0.01),
+    *(delta_gain_fault(BgmvExpandDeltaGain, dtype, 0.01) for dtype in DTYPE_SHORT),
+    *(delta_gain_fault(FusedMoEDeltaGain, dtype, 0.01) for dtype in DTYPE_SHORT),
+)
+"""Systematic errors of 1–2 % in the delta, one op and one dtype each: the smoke profile must catch every one."""
+
+
 FAULTS: tuple[type[PlainTorchTarget], ...] = (
     NegativeIndexIsLastSlot,
     SlotIdUsedAsSlot,
@@ -946,10 +1159,14 @@ FAULTS: tuple[type[PlainTorchTarget], ...] = (
     RankTailIgnored,
     ExpandWritesPastSlice,
     SgmvInclusiveSeqStarts,
+    SgmvIgnoresSeqStartLoc,
+    SgmvStoresUncoveredRows,
     BiasOnNoAdapterRows,
     BiasScaled,
     BiasIgnoresOffsetStart,
     ScalesInputInPlace,
+    LinearAddInputsDropped,
+    PackedSlicesCappedAtThree,
     MoERoutedWeightInW13,
     MoERoutedWeightTwice,
     MoEExpertOffByOne,
@@ -964,11 +1181,11 @@ FAULTS: tuple[type[PlainTorchTarget], ...] = (
     MoEAlignFullGroupLosesLastPair,
     MoEAlignUnusedBlocksKeepLastExpert,
     MoEAlignIgnoresExpertMap,
+    *DELTA_GAIN_FAULTS,
 )
 """Faults the smoke profile must catch (at least one case ends FAIL)."""
 
 UNCAUGHT_BY_DESIGN: dict[type[PlainTorchTarget], str] = {
-    SgmvIgnoresSeqStartLoc: "the sgmv cases' segments always start at row 0 and cover every row",
     CastTypeSkipped: "more accurate than the baseline: the float64 oracle does not round the input either",
     ExpandLowPrecisionAccumulation: "K = rank ≤ 64 gives at most a few bf16 roundings, inside k × the baseline error",
 }

@@ -56,6 +56,11 @@ class Case:
     zero_weight_pairs: tuple[int, ...] = ()  # pairs t·top_k + k whose routing weight is exactly 0
     block_size: int = 0  # the kernels' block size (fused_moe_lora, moe_lora_align_block_size)
     naive_blocks: bool = False  # fused_moe_lora fed topk_ids.flatten() instead of sorted ids
+    # The row layout of the segments (the sgmv ops only; the "segments" knob). Sequence ``b`` is
+    # segment ``b`` of the metadata, rows ``[seq_starts[b], seq_starts[b] + seq_lens[b])``; a row no
+    # segment covers is never written. The defaults are the canonical layout: back to back from row 0.
+    seq_starts: tuple[int, ...] = ()  # first row of each segment, in metadata order; () = canonical
+    num_rows: int = 0  # rows of the input and the output; 0 = sum(seq_lens)
 
     def __post_init__(self) -> None:
         problems = []
@@ -81,6 +86,8 @@ class Case:
             problems.append(f"disabled_slots {self.disabled_slots} outside [0, {self.num_slots - 1}]")
         if self.num_experts or self.top_k or self.topk_ids:
             problems += self._routing_problems()
+        if self.seq_starts or self.num_rows:
+            problems += self._layout_problems()
         if problems:
             raise ValueError("invalid case: " + "; ".join(problems))
 
@@ -102,6 +109,22 @@ class Case:
             problems.append(f"MoE slices have equal widths, got {self.output_slices}")
         return problems
 
+    def _layout_problems(self) -> list[str]:
+        if self.num_rows < 0:
+            return [f"num_rows must be ≥ 0 (0 = sum(seq_lens)), got {self.num_rows}"]
+        if self.seq_starts and len(self.seq_starts) != len(self.seq_lens):
+            count = f"{len(self.seq_starts)} seq_starts but {len(self.seq_lens)} seq_lens"
+            return [f"{count}: give one start per segment, or () for back to back"]
+        problems = []
+        rows = self.num_tokens
+        segments = sorted(zip(self.segment_starts, self.seq_lens))
+        if any(start < 0 or start + n > rows for start, n in segments):
+            problems.append(f"seq_starts {self.seq_starts} with seq_lens {self.seq_lens} reach outside the {rows} rows (num_rows)")
+        if any(start < previous + n for (previous, n), (start, _) in zip(segments, segments[1:])):
+            layout = f"seq_starts {self.seq_starts} with seq_lens {self.seq_lens}"
+            problems.append(f"segments overlap: {layout}; each row belongs to one segment at most")
+        return problems
+
     # -- derived structure -------------------------------------------------------------------
 
     @property
@@ -114,11 +137,39 @@ class Case:
 
     @property
     def num_tokens(self) -> int:
-        return sum(self.seq_lens)
+        """Rows of the input and the output: the tokens, plus any row no segment covers."""
+        return self.num_rows or sum(self.seq_lens)
+
+    @property
+    def segment_starts(self) -> tuple[int, ...]:
+        """The first row of each segment, in metadata order (canonical: exclusive prefix sum of the lengths)."""
+        if self.seq_starts:
+            return self.seq_starts
+        return tuple(sum(self.seq_lens[:b]) for b in range(len(self.seq_lens)))
+
+    @property
+    def canonical_segments(self) -> bool:
+        """Whether the segments lie back to back from row 0 in metadata order and cover every row."""
+        starts = self.segment_starts
+        return starts == tuple(sum(self.seq_lens[:b]) for b in range(len(starts))) and self.num_tokens == sum(self.seq_lens)
 
     @property
     def token_slots(self) -> tuple[int, ...]:
-        return tuple(slot for slot, n in zip(self.seq_slots, self.seq_lens) for _ in range(n))
+        """The slot of every row; −1 for a row of slot −1 and for a row no segment covers."""
+        if not (self.seq_starts or self.num_rows):
+            return tuple(slot for slot, n in zip(self.seq_slots, self.seq_lens) for _ in range(n))
+        slots = [-1] * self.num_tokens
+        for start, n, slot in zip(self.segment_starts, self.seq_lens, self.seq_slots):
+            slots[start : start + n] = [slot] * n
+        return tuple(slots)
+
+    @property
+    def covered_rows(self) -> tuple[bool, ...]:
+        """Per row, whether a segment covers it (every row in the canonical layout)."""
+        covered = [False] * self.num_tokens
+        for start, n in zip(self.segment_starts, self.seq_lens):
+            covered[start : start + n] = [True] * n
+        return tuple(covered)
 
     @property
     def sampled_slots(self) -> tuple[int, ...]:
@@ -158,7 +209,13 @@ class Case:
     # -- serialization -----------------------------------------------------------------------
 
     def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        # The segment layout is left out when canonical, so that every case drawn before it existed
+        # keeps its JSON (replays, cached profiles, digests) byte for byte.
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in _LEFT_OUT_WHEN_DEFAULT or getattr(self, f.name) != f.default
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> Case:
@@ -171,6 +228,9 @@ class Case:
             raise ValueError(f"case is missing field(s) {missing}")
         fields = {k: _tuples(v) if isinstance(v, list) else v for k, v in data.items()}
         return cls(**fields)
+
+
+_LEFT_OUT_WHEN_DEFAULT = frozenset({"seq_starts", "num_rows"})
 
 
 def _tuples(value: list) -> tuple:

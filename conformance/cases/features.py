@@ -25,7 +25,8 @@ FEATURE_DOCS = {
     "rank_odd": "a rank that is not a multiple of 16",
     "real_hidden": "a hidden size of a real model",
     "odd_hidden": "a hidden size that is no multiple of any block size",
-    "multi_slice": "two or three output slices",
+    "multi_slice": "two or more output slices",
+    "many_slices": "four to seven packed output slices (beyond QKV's three)",
     "unequal_slices": "output slices of unequal width",
     "offset": "output written from a column offset > 0",
     "wide_output": "output wider than the columns written",
@@ -36,6 +37,11 @@ FEATURE_DOCS = {
     "w4d": "4-D weight stacks [L, 1, rows, cols]",
     "decode": "decode batch (one token per sequence)",
     "positive": "all-positive values (no cancellation, large accumulations)",
+    # the segment layout of the sgmv ops (Case.seq_starts, Case.num_rows)
+    "seg_permuted": "sgmv segments listed out of row order (b_seq_start_loc not increasing)",
+    "seg_gap": "rows no sgmv segment covers between two segments",
+    "seg_late_start": "the first sgmv segment starts after row 0",
+    "uncovered_rows": "rows no sgmv segment covers (before, between or after the segments): never written",
     # the fused-MoE ops (docs/moe.md)
     "moe_wide_topk": "top_k ≥ 4 choices per token",
     "moe_many_experts": "32 experts or more",
@@ -67,7 +73,8 @@ def case_features(case: Case) -> frozenset[str]:
     used = {s for s in slots if s != -1}
     runs = [s for s in _runs(slots) if s != -1]
     found = {
-        "neg1": -1 in slots and bool(used),
+        # a real segment of slot −1, not a row no segment covers (that is "uncovered_rows")
+        "neg1": -1 in case.seq_slots and bool(used),
         "allneg1": not used,
         "one_slot": case.num_slots == 1,
         "last_slot": case.num_slots >= 2 and case.num_slots - 1 in used,
@@ -81,6 +88,7 @@ def case_features(case: Case) -> frozenset[str]:
         "real_hidden": case.hidden_size in REAL_HIDDEN_SIZES or case.output_width in REAL_HIDDEN_SIZES,
         "odd_hidden": case.hidden_size in ODD_HIDDEN_SIZES or case.output_width in ODD_HIDDEN_SIZES,
         "multi_slice": case.num_slices > 1,
+        "many_slices": case.num_slices >= 4,
         "unequal_slices": len(set(case.output_slices)) > 1,
         "offset": case.offset_start > 0,
         "wide_output": case.output_width > case.offset_start + sum(case.output_slices),
@@ -91,12 +99,25 @@ def case_features(case: Case) -> frozenset[str]:
         "w4d": case.weights_4d,
         "decode": not case.is_prefill,
         "positive": case.distribution == "positive",
+        **_layout_features(case),
     }
     if case.is_moe:
         found.update(_routing_features(case))
     else:  # only apply_lora_full_linear reads disabled slots outside the MoE ops
         found["module_disabled"] = bool({s for s in case.sampled_slots if s != -1} & set(case.disabled_slots))
     return frozenset(name for name, present in found.items() if present)
+
+
+def _layout_features(case: Case) -> dict[str, bool]:
+    """How the sgmv segments lie in the rows; all False in the canonical layout (back to back from row 0)."""
+    starts = case.segment_starts
+    in_rows = sorted(zip(starts, case.seq_lens))
+    return {
+        "seg_permuted": any(later <= earlier for earlier, later in zip(starts, starts[1:])),
+        "seg_gap": any(start > previous + n for (previous, n), (start, _) in zip(in_rows, in_rows[1:])),
+        "seg_late_start": bool(in_rows) and in_rows[0][0] > 0,
+        "uncovered_rows": not all(case.covered_rows),
+    }
 
 
 def _routing_features(case: Case) -> dict[str, bool]:

@@ -86,7 +86,8 @@ class Family:
         return draw(st.integers(8, default_max))
 
     def slice_count(self, draw, spec: OpSpec) -> int:
-        return draw(st.integers(1, spec.max_slices))
+        # Most packed layers have one to three slices (QKV); more are the ``many_slices`` family's and ``random``'s.
+        return draw(st.integers(1, min(3, spec.max_slices)))
 
     def distinct_widths(self) -> bool:
         return False
@@ -116,6 +117,12 @@ class Family:
 
     def distribution(self, draw) -> str:
         return "normal"
+
+    def segment_layout(self, draw, seq_lens: tuple[int, ...], seq_slots: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+        """``(Case.seq_starts, Case.num_rows)`` of an op that reads ``b_seq_start_loc`` (knob "segments").
+
+        ``((), 0)``, without a draw: the segments lie back to back from row 0 in metadata order."""
+        return (), 0
 
     # -- the routing of the fused-MoE ops (conformance.ops.moe) ----------------------------------
 
@@ -172,6 +179,9 @@ class Random(Family):
 
     def gate_up_slices(self, draw) -> int:
         return draw(st.integers(1, 2))
+
+    def slice_count(self, draw, spec: OpSpec) -> int:
+        return draw(st.integers(1, spec.max_slices))
 
 
 class Neg1(Family):
@@ -312,14 +322,27 @@ class OddHidden(Family):
 
 
 class Slices(Family):
-    name, doc, feature = "slices", "2–3 output slices of unequal width", "unequal_slices"
+    name, doc, feature = "slices", "2–3 output slices of unequal width (QKV, gate/up)", "unequal_slices"
     needs_knobs = frozenset({"slices"})
 
     def slice_count(self, draw, spec: OpSpec) -> int:
-        return draw(st.integers(2, spec.max_slices))
+        return draw(st.integers(2, min(3, spec.max_slices)))
 
     def distinct_widths(self) -> bool:
         return True
+
+
+class ManySlices(Slices):
+    """Packed layers beyond QKV: vLLM 0.33 fuses up to 7 projections into one layer, where a kernel that
+    sized its per-slice pointer table or grid for 3 slices reads past it or drops the rest."""
+
+    name, doc, feature = "many_slices", "4–7 packed output slices of unequal width", "many_slices"
+
+    def applies_to(self, spec: OpSpec, dtype: str) -> bool:
+        return super().applies_to(spec, dtype) and spec.max_slices >= 4
+
+    def slice_count(self, draw, spec: OpSpec) -> int:
+        return draw(st.integers(4, spec.max_slices))
 
 
 class Offset(Family):
@@ -402,6 +425,72 @@ class Positive(Family):
 
     def distribution(self, draw) -> str:
         return "positive"
+
+
+# -- the segment layout of the sgmv ops: b_seq_start_loc is data, not the prefix sum of the lengths ---
+
+
+class SegmentFamily(Family):
+    """Segments that do not lie back to back from row 0 in metadata order (the sgmv ops).
+
+    An implementation that ignores ``b_seq_start_loc`` and hands out the segments' slots by length from
+    row 0 (vLLM's CPU torch ops: ``repeat_interleave(lora_indices, seq_len)``) gets such a batch wrong.
+    For that to show even where slot −1 is not involved, the first two segments of the metadata use two
+    different adapters."""
+
+    needs_knobs = frozenset({"segments"})
+    min_seqs = 2
+    # drawn both ways: an overwrite (add_inputs=False) must leave the rows no segment covers alone too
+    add_inputs = _draws_on
+
+    def num_slots(self, draw, limits: Limits) -> int:
+        return draw(st.integers(2, max(2, limits.max_slots)))
+
+    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
+        slots[0], slots[1] = draw(st.permutations(range(num_slots)))[:2]
+        return slots
+
+
+def _lay_out(seq_lens: tuple[int, ...], row_order: list[int], gaps: list[int]) -> tuple[tuple[int, ...], int]:
+    """``(starts, rows)``: the segments placed in the rows in ``row_order`` (segment indices), ``gaps[0]``
+    uncovered rows before the first, ``gaps[i]`` after the i-th (so ``gaps[-1]`` after the last)."""
+    starts = [0] * len(seq_lens)
+    row = gaps[0]
+    for position, segment in enumerate(row_order):
+        starts[segment] = row
+        row += seq_lens[segment] + gaps[position + 1]
+    return tuple(starts), row
+
+
+class SegPermuted(SegmentFamily):
+    name, doc, feature = "seg_permuted", "sgmv segments listed out of row order, every row covered, no slot −1", "seg_permuted"
+
+    def _slots(self, draw, num_seqs: int, num_slots: int) -> list[int]:
+        # no slot −1: a wrong row here is a segment read at the wrong place, never the −1 corner
+        return draw(st.lists(st.integers(0, num_slots - 1), min_size=num_seqs, max_size=num_seqs))
+
+    def segment_layout(self, draw, seq_lens, seq_slots):
+        row_order = list(draw(st.permutations(range(len(seq_lens)))))
+        # Row 0 must belong to a segment of another slot than the first listed one, so that a kernel
+        # handing out the slots in metadata order from row 0 gets row 0 wrong (a mere reordering of equal
+        # slots would not show). Segment 1's slot differs from segment 0's (steer_slots): it goes first.
+        if seq_slots[row_order[0]] == seq_slots[0]:
+            row_order.remove(1)
+            row_order.insert(0, 1)
+        return _lay_out(seq_lens, row_order, [0] * (len(seq_lens) + 1))
+
+
+class SegGaps(SegmentFamily):
+    name, doc, feature = "seg_gaps", "rows no sgmv segment covers before, between and after the segments", "seg_gap"
+
+    def segment_layout(self, draw, seq_lens, seq_slots):
+        count = len(seq_lens)
+        row_order = list(draw(st.permutations(range(count)))) if draw(st.booleans()) else list(range(count))
+        before, after = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        between = draw(st.lists(st.integers(0, 3), min_size=count - 1, max_size=count - 1))
+        if not any(between):
+            between[draw(st.integers(0, count - 2))] = 1
+        return _lay_out(seq_lens, row_order, [before, *between, after])
 
 
 # -- the fused-MoE families: the corners of routing ---------------------------------------------------
@@ -586,8 +675,8 @@ FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (
         Random(), Neg1(), Neg1OneSlot(), AllNeg1(), LastSlot(), NonContiguous(), UnequalSequences(), OneToken(),
-        LargeT(), RankPadded(), RankOdd(), RankMax(), RealHidden(), OddHidden(), Slices(), Offset(), WideOutput(),
-        NoAddInputs(), Scaled(), Fp32Input(), Bias(), FourDStacks(), Decode(), Positive(),
+        LargeT(), RankPadded(), RankOdd(), RankMax(), RealHidden(), OddHidden(), Slices(), ManySlices(), Offset(), WideOutput(),
+        NoAddInputs(), Scaled(), Fp32Input(), Bias(), FourDStacks(), Decode(), Positive(), SegPermuted(), SegGaps(),
         MoEWideTopK(), MoEManyExperts(), MoEHotExpert(), MoEDuplicateRouting(), MoEZeroWeight(), MoENonLocal(),
         MoEDisabledSlot(), MoEFullBlock(), MoESharedExperts(), MoEFusedSlice(), MoERoutedWeight(), MoENaiveBlocks(),
         ModuleDisabled(),

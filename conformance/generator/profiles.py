@@ -1,7 +1,8 @@
 """Profiles: how many cases of each op × dtype × family a run holds, and how big they may be.
 
 * ``smoke``: one random case per op × dtype × applicable family; about a minute on 2 cores.
-* ``standard`` (default): the simplest and two random cases per combination, larger sizes.
+* ``standard`` (default): the simplest and four random cases per combination, larger sizes (5,000+
+  op cases; within 5 minutes with ``-n 2`` on 2 cores, docs/benchmarks-suite.md).
 * ``release``: ten per combination, release-size shapes (8k tokens, rank 256); shard it.
 """
 
@@ -35,7 +36,7 @@ PROFILES = {
     p.name: p
     for p in (
         Profile("smoke", 1, SMOKE_LIMITS, False, "every op × dtype × edge-case family once", case_timeout=300),
-        Profile("standard", 3, STANDARD_LIMITS, True, "three cases per op × dtype × family", case_timeout=600),
+        Profile("standard", 5, STANDARD_LIMITS, True, "five cases per op × dtype × family", case_timeout=600),
         Profile("release", 10, RELEASE_LIMITS, True, "ten cases per op × dtype × family at release sizes", case_timeout=1800),
     )
 }

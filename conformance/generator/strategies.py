@@ -107,6 +107,8 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
     routing = _routing(draw, spec, family, limits, token_slots, num_slots) if moe else {}
     if "module_enabled" in spec.knobs:  # drawn last, so the other ops' draws stay as they were
         routing["disabled_slots"] = family.disabled_slots(draw, seq_slots, num_slots)
+    # Drawn last too, and only by the segment families: every other family's sgmv cases stay as they were.
+    seq_starts, num_rows = family.segment_layout(draw, seq_lens, seq_slots) if "segments" in spec.knobs else ((), 0)
     return Case(
         op=spec.name,
         dtype=dtype,
@@ -128,5 +130,7 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
         distribution=distribution,
         seed=draw(st.integers(0, 2**31 - 1)),
         family=name,
+        seq_starts=seq_starts,
+        num_rows=num_rows,
         **routing,
     )

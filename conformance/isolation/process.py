@@ -282,6 +282,12 @@ def broken_result(case_id: str, case, kind: FailureKind, message: str, seconds: 
     """The result of a case that did not return: outcome *broken*, with its kind."""
     if isinstance(case, Case):
         return CaseResult(case_id, case, Outcome.BROKEN, message, features=case_features(case), seconds=seconds, kinds=(kind,))
+    from conformance.tp.case import TPCase
+
+    if isinstance(case, TPCase):  # a tensor-parallel case whose pytest worker died (conformance.tp)
+        from conformance.tp.run import TPResult
+
+        return TPResult(case_id, case, Outcome.BROKEN, message, features=case.features(), seconds=seconds, kinds=(kind,))
     from conformance.e2e.run import E2EResult
 
     return E2EResult(case_id, case, Outcome.BROKEN, message, features=case.features(), seconds=seconds, kinds=(kind,))

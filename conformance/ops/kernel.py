@@ -46,14 +46,16 @@ def token_indices(case: Case, device: torch.device) -> torch.Tensor:
 
 
 def segment_args(case: Case, device: torch.device) -> tuple:
-    """sgmv metadata with one segment per sequence: start locations, lengths, slots, then the sizes."""
-    lengths = torch.tensor(case.seq_lens, dtype=torch.long)
-    starts = torch.cumsum(lengths, 0) - lengths
-    slots = torch.tensor(case.seq_slots, dtype=torch.long)
+    """sgmv metadata with one segment per sequence: start locations, lengths, slots, then the sizes.
+
+    The starts are the case's layout (``Case.segment_starts``: back to back from row 0 unless the case
+    says otherwise), in metadata order. As vLLM passes them, ``max_seq_length`` is the longest segment
+    and ``token_nums`` the rows of the input, covered by a segment or not.
+    """
     return (
-        starts.to(device),
-        lengths.to(device),
-        slots.to(device),
+        torch.tensor(case.segment_starts, dtype=torch.long, device=device),
+        torch.tensor(case.seq_lens, dtype=torch.long, device=device),
+        torch.tensor(case.seq_slots, dtype=torch.long, device=device),
         len(case.seq_lens),
         max(case.seq_lens),
         case.num_tokens,
@@ -123,16 +125,21 @@ def _kernel(name, summary, knobs, values, call, written, max_slices=1) -> OpSpec
     return OpSpec(name, Level.KERNEL, summary, knobs, values, call, written, getattr(reference, name), max_slices=max_slices)
 
 
+# The most slices one packed layer has: vLLM 0.33 fuses up to 7 projections into one QKV-like layer
+# (and variable-slice merged column layers take 3 or more); the LoRA kernels loop over any count.
+MAX_SLICES = 7
+
 SHRINK_KNOBS = {"hidden", "scale"}
 EXPAND_KNOBS = {"add_inputs", "expand_input", "wide"}
+SEGMENT_KNOBS = {"segments"}  # the sgmv ops read b_seq_start_loc: segments may lie anywhere in the rows
 
 KERNEL_OP_SPECS = (
     _kernel("bgmv_shrink", "per-token LoRA-A product into a float32 buffer", SHRINK_KNOBS, shrink_values, _bgmv_shrink, shrink_written),
     _kernel("bgmv_expand", "per-token LoRA-B product into the first N columns", EXPAND_KNOBS, expand_values, _bgmv_expand, expand_written),
     _kernel("bgmv_expand_slice", "per-token LoRA-B product into a column slice", EXPAND_KNOBS | {"offset"}, expand_values, _bgmv_expand_slice, expand_written),
-    _kernel("sgmv_shrink", "per-segment LoRA-A product into a float32 buffer", SHRINK_KNOBS, shrink_values, _sgmv_shrink, shrink_written),
-    _kernel("sgmv_expand", "per-segment LoRA-B product into the first N columns", EXPAND_KNOBS, expand_values, _sgmv_expand, expand_written),
-    _kernel("sgmv_expand_slice", "per-segment LoRA-B product into a column slice", EXPAND_KNOBS | {"offset"}, expand_values, _sgmv_expand_slice, expand_written),
-    _kernel("lora_shrink", "LoRA-A products of every slice from token-sorted metadata", SHRINK_KNOBS | {"slices"}, shrink_values, _lora_shrink, shrink_written, 3),
-    _kernel("lora_expand", "LoRA-B products of every slice side by side from token-sorted metadata", EXPAND_KNOBS | {"offset", "slices"}, expand_values, _lora_expand, expand_written, 3),
+    _kernel("sgmv_shrink", "per-segment LoRA-A product into a float32 buffer", SHRINK_KNOBS | SEGMENT_KNOBS, shrink_values, _sgmv_shrink, shrink_written),
+    _kernel("sgmv_expand", "per-segment LoRA-B product into the first N columns", EXPAND_KNOBS | SEGMENT_KNOBS, expand_values, _sgmv_expand, expand_written),
+    _kernel("sgmv_expand_slice", "per-segment LoRA-B product into a column slice", EXPAND_KNOBS | {"offset"} | SEGMENT_KNOBS, expand_values, _sgmv_expand_slice, expand_written),
+    _kernel("lora_shrink", "LoRA-A products of every slice from token-sorted metadata", SHRINK_KNOBS | {"slices"}, shrink_values, _lora_shrink, shrink_written, MAX_SLICES),
+    _kernel("lora_expand", "LoRA-B products of every slice side by side from token-sorted metadata", EXPAND_KNOBS | {"offset", "slices"}, expand_values, _lora_expand, expand_written, MAX_SLICES),
 )

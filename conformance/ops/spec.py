@@ -31,6 +31,8 @@ KNOBS = frozenset({
     "routing", "gate_up", "routed_weight", "blocks", "naive",
     # apply_lora_full_linear: slots whose full-linear module is disabled (Case.disabled_slots)
     "module_enabled",
+    # the sgmv ops: segments anywhere in the rows (Case.seq_starts, Case.num_rows), not only back to back
+    "segments",
 })  # fmt: skip
 
 

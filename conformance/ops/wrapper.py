@@ -17,7 +17,7 @@ from conformance.cases.case import Case
 from conformance.cases.values import activations, bias_stack, full_weight_stack, lora_a_stack, lora_b_stack
 from conformance.reference import LoRAMapping, PunicaWrapperReference
 
-from .kernel import expand_values, expand_written, shrink_values, shrink_written
+from .kernel import MAX_SLICES, expand_values, expand_written, shrink_values, shrink_written
 from .level import Level
 from .spec import OpCall, OpSpec, Tensors, rows_and_columns
 
@@ -117,7 +117,10 @@ def _add_lora_linear(case: Case, t: Tensors, device) -> OpCall:
         case.scale,
         case.output_slices,
     )
-    return OpCall(args, _bias_kwargs(case, t))
+    # vLLM's layers pass add_inputs only to ask for the LoRA-only output (False, the GPU wrapper's
+    # dual-stream path, where the base runs on another stream); True is the default they leave unsaid.
+    add_inputs = {} if case.add_inputs else {"add_inputs": False}
+    return OpCall(args, _bias_kwargs(case, t) | add_inputs)
 
 
 def _add_lora_embedding(case: Case, t: Tensors, device) -> OpCall:
@@ -160,18 +163,18 @@ def _wrapper(name, summary, knobs, values, call, written, max_slices=1, rows="to
 
 
 WRAPPER_OP_SPECS = (
-    _wrapper("add_shrink", "y[s] += scale · x @ A_s[slot]ᵀ for every slice", {"hidden", "scale", "slices"}, shrink_values, _add_shrink, shrink_written, 3),
+    _wrapper("add_shrink", "y[s] += scale · x @ A_s[slot]ᵀ for every slice", {"hidden", "scale", "slices"}, shrink_values, _add_shrink, shrink_written, MAX_SLICES),
     _wrapper(
         "add_expand",
         "y[:, offset_start + Σ N_j ...] (+)= x[s] @ B_s[slot]ᵀ (+ bias) for every slice",
         {"slices", "offset", "wide", "add_inputs", "expand_input", "bias"},
-        expand_with_bias_values, _add_expand, expand_written, 3,
+        expand_with_bias_values, _add_expand, expand_written, MAX_SLICES,
     ),
     _wrapper(
         "add_lora_linear",
-        "y += scale · (x @ A_s[slot]ᵀ) @ B_s[slot]ᵀ (+ bias), packed slices",
-        {"hidden", "scale", "slices", "bias"},
-        linear_values, _add_lora_linear, expand_written, 3,
+        "y (+)= scale · (x @ A_s[slot]ᵀ) @ B_s[slot]ᵀ (+ bias), packed slices",
+        {"hidden", "scale", "slices", "bias", "add_inputs"},
+        linear_values, _add_lora_linear, expand_written, MAX_SLICES,
     ),
     _wrapper("add_lora_embedding", "y (+)= x @ B[slot]ᵀ for looked-up LoRA-A rows", {"add_inputs"}, embedding_values, _add_lora_embedding, all_columns_written),
     _wrapper(

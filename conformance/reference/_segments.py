@@ -1,4 +1,8 @@
-"""Checks shared by the sgmv ops: their per-segment metadata must describe the inputs."""
+"""Checks shared by the sgmv ops: their per-segment metadata must describe the inputs.
+
+Segment ``b`` is rows ``[b_seq_start_loc[b], b_seq_start_loc[b] + seq_len_tensor[b])``; the starts are read,
+never derived from the lengths, so segments may come in any order and leave rows uncovered.
+"""
 
 from __future__ import annotations
 
@@ -26,3 +30,14 @@ def check_segments(
             raise ValueError(f"{name} has {tensor.numel()} entries but batches is {batches}")
     if batches and int(seq_len_tensor.max()) > max_seq_length:
         raise ValueError(f"a segment of {int(seq_len_tensor.max())} rows exceeds max_seq_length {max_seq_length}")
+    # Segments may lie anywhere in the rows and in any order, with rows between them that no segment
+    # covers, but each must lie inside the rows and no row may belong to two of them.
+    segments = sorted(zip(b_seq_start_loc.tolist(), seq_len_tensor.tolist()))
+    for start, length in segments:
+        if start < 0 or length < 0 or start + length > token_nums:
+            raise ValueError(
+                f"the segment at row {start} of {length} rows lies outside the {token_nums} rows (b_seq_start_loc, seq_len_tensor)"
+            )
+    for (start, length), (next_start, _) in zip(segments, segments[1:]):
+        if next_start < start + length:
+            raise ValueError(f"the segments at rows {start} and {next_start} overlap (b_seq_start_loc, seq_len_tensor)")

@@ -8,7 +8,8 @@ the optional keyword ``lora_bias_stacked``. ``update_metadata`` takes the suite'
 * ``add_expand``:  ``y[t, cols_s] = (y[t, cols_s] if add_inputs else 0) + x[s, t] @ B_s[l]ᵀ + bias_s[l]``
   with ``cols_s`` starting at ``offset_start + Σ_{j<s} N_j``; the bias is not scaled and follows
   ``offset_start`` like the LoRA delta does;
-* ``add_lora_linear``: ``add_shrink`` into a zeroed float32 buffer, then ``add_expand(add_inputs=True)``;
+* ``add_lora_linear``: ``add_shrink`` into a zeroed float32 buffer, then ``add_expand`` with the keyword
+  ``add_inputs`` (default True; False writes the LoRA output alone, vLLM's GPU dual-stream path);
 * ``add_lora_embedding``: ``y[t] (+)= x[t] @ B[l]ᵀ`` (``x`` holds the LoRA-A rows already looked up);
 * ``add_lora_logits``: ``add_lora_linear`` for one slice, indexed by the sampled rows' slots;
 * ``add_lora_w13`` / ``add_lora_w2``: the fused-MoE LoRA deltas (docs/moe.md), composed as vLLM's GPU
@@ -98,13 +99,16 @@ class PunicaWrapperReference:
         *,
         buffer: torch.Tensor | None = None,
         lora_bias_stacked: tuple[torch.Tensor | None, ...] | None = None,
+        add_inputs: bool = True,
         **kwargs,
     ) -> None:
+        # add_inputs=False: the written columns of adapter rows get the LoRA output alone (vLLM's GPU
+        # wrapper takes it from **kwargs for its dual-stream path and hands it to add_expand).
         x = x.reshape(-1, x.size(-1))
         if buffer is None:
             buffer = self._shrink_buffer(len(lora_a_stacked), x, lora_a_stacked[0])
         self.add_shrink(buffer, x, lora_a_stacked, scale)
-        self.add_expand(y, buffer, lora_b_stacked, output_slices, 0, True, lora_bias_stacked=lora_bias_stacked)
+        self.add_expand(y, buffer, lora_b_stacked, output_slices, 0, add_inputs, lora_bias_stacked=lora_bias_stacked)
 
     def add_lora_logits(
         self,

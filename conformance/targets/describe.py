@@ -36,6 +36,7 @@ FEATURE_PROBES = (
     ("LoRA bias", "bias", {"bias": True}),
     ("a decode batch", "prefill", {"is_prefill": False}),
     ("several slices", "slices", {"output_slices": (16, 16, 16), "output_width": 48}),
+    ("seven packed slices", "slices", {"output_slices": (8, 9, 10, 11, 12, 13, 14), "output_width": 77}),
     ("a float32 expand input", "expand_input", {"expand_input_dtype": "float32"}),
     ("an output offset", "offset", {"offset_start": 8, "output_width": 24}),
     ("columns beyond the written slice", "wide", {"output_width": 24}),
@@ -53,6 +54,8 @@ FEATURE_PROBES = (
     ("naive block assignment", "naive", {"naive_blocks": True}),
     # apply_lora_full_linear
     ("a disabled full-linear module", "module_enabled", {"disabled_slots": (0,)}),
+    # the sgmv ops: segments listed out of row order, rows 1–2 between them uncovered
+    ("segments out of row order, with uncovered rows", "segments", {"seq_starts": (3, 0), "num_rows": 5}),
 )
 
 

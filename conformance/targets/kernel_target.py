@@ -250,16 +250,17 @@ class KernelTarget(Target):
         *,
         buffer: torch.Tensor | None = None,
         lora_bias_stacked: tuple[torch.Tensor | None, ...] | None = None,
+        add_inputs: bool = True,
         **kwargs,
     ) -> None:
-        """``add_shrink`` into a float32 buffer, then ``add_expand(add_inputs=True)`` with the bias."""
+        """``add_shrink`` into a float32 buffer, then ``add_expand(add_inputs)`` with the bias."""
         if not len(lora_a_stacked) == len(lora_b_stacked) == len(output_slices):
             raise ValueError("lora_a_stacked, lora_b_stacked and output_slices must have one entry per slice")
         x = x.reshape(-1, x.size(-1))
         if buffer is None:
             buffer = self.zero_buffer(len(output_slices), x.size(0), lora_b_stacked[0].size(-1))
         self.add_shrink(buffer, x, lora_a_stacked, scale)
-        self.add_expand(y, buffer, lora_b_stacked, output_slices, 0, True, lora_bias_stacked=lora_bias_stacked)
+        self.add_expand(y, buffer, lora_b_stacked, output_slices, 0, add_inputs, lora_bias_stacked=lora_bias_stacked)
 
     def add_lora_embedding(self, y: torch.Tensor, x: torch.Tensor, lora_b_stacked: torch.Tensor, add_inputs: bool = True, **kwargs) -> None:
         """``y[t] (+)= x[t] @ B[slot_t]ᵀ``; ``x`` holds the LoRA-A rows the embedding layer looked up."""

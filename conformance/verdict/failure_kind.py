@@ -22,6 +22,7 @@ class FailureKind(str, enum.Enum):
     OUTSIDE_REGION = "wrote outside its region"  # bits changed where the op must leave the output alone
     NAN_INF = "nan/inf"  # NaN or Inf where the oracle is finite
     NUMERICS = "numerics"  # finite, inside its region, but outside the error budget
+    SYSTEMATIC = "systematic error"  # inside the budget, but the error is a significant multiple of the delta
     INVARIANT = "broke an invariant"  # an op judged by its invariants (moe_lora_align_block_size) broke one
     MODIFIED_INPUT = "modified an input"  # an input tensor (read-only in every op's contract) changed
     TOKENS = "generated other tokens"  # end to end: greedy or top-1 tokens differ beyond near-ties
@@ -50,6 +51,8 @@ KIND_DOCS = {
     "columns outside the slice)",
     FailureKind.NAN_INF: "NaN or Inf where the float64 oracle is finite",
     FailureKind.NUMERICS: "the largest error exceeds the dtype's error budget",
+    FailureKind.SYSTEMATIC: "the error is proportional to the LoRA delta: the delta is off by a relative bias larger "
+    "than rounding explains (a scale or gain a percent off), though every element may be inside the budget",
     FailureKind.INVARIANT: "an op with many correct outputs (moe_lora_align_block_size) broke one of its invariants: "
     "a pair missing, listed twice, in another expert's block, another slot's pair, padding that is not out of range",
     FailureKind.MODIFIED_INPUT: "an input tensor changed; every op only reads its inputs",

@@ -5,7 +5,10 @@ Inputs (all the op's output tensor, same shape):
   ``oracle``   the reference in float64 on the same inputs;
   ``baseline`` the reference in the case dtype (what straightforward low-precision code gives);
   ``initial``  the output before the call;
-  ``written``  bool mask of the elements the op may write.
+  ``written``  bool mask of the elements the op may write;
+  ``delta``    (optional) the oracle's delta: the float64 reference on the same inputs with the output
+               zeroed, i.e. what the op adds (or, for an op that overwrites, writes). Given, the
+               error's systematic part is judged too (``systematic``); without it only the budget is.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import torch
 
 from .failure_kind import FailureKind
 from .metrics import bitwise_differences, max_abs_error, max_ulp_error, sqnr_db
-from .tolerances import tolerance_for
+from .systematic import DeltaBias, delta_bias, row_groups
+from .tolerances import systematic_threshold_for, tolerance_for
 
 
 @dataclass(frozen=True)
@@ -30,9 +34,18 @@ class Measurement:
     budget_ratio: float  # max_abs_error / budget: ≤ 1 passes
     output_scale: float
     checked_elements: int
+    # the systematic part of the error (conformance.verdict.systematic); None without a delta to fit
+    delta_bias: float | None = None  # α: the error's least-squares multiple of the delta
+    delta_bias_se: float | None = None  # SE(α) under the rounding noise model
+    delta_bias_threshold: float | None = None  # max(min_bias, z · SE(α)): |α| above it is flagged
+    systematic_ratio: float | None = None  # |α| / threshold: ≤ 1 passes
+    baseline_delta_bias: float | None = None  # the baseline's α on the same case
 
     def to_json(self) -> dict:
-        return {k: (v if v == v and abs(v) != float("inf") else str(v)) for k, v in asdict(self).items()}
+        def plain(value):
+            return value if value is None or (value == value and abs(value) != float("inf")) else str(value)
+
+        return {k: plain(v) for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,7 @@ def judge(
     baseline: torch.Tensor,
     initial: torch.Tensor,
     written: torch.Tensor,
+    delta: torch.Tensor | None = None,
 ) -> Verdict:
     if actual.shape != oracle.shape or actual.dtype != initial.dtype:
         problem = (
@@ -100,6 +114,10 @@ def judge(
     floor = tol.floor_ulps * torch.finfo(actual.dtype).eps * scale
     budget = tol.k * baseline_error + floor
     cap = tol.rtol * scale
+    systematic = None
+    if delta is not None:
+        d, rows = delta[written].double()[finite], row_groups(written)[finite]
+        systematic = _systematic(a, o, b, d, rows, actual.dtype)
     measurement = Measurement(
         max_abs_error=error,
         scaled_error=error / scale,
@@ -110,6 +128,7 @@ def judge(
         budget_ratio=error / min(budget, cap),
         output_scale=scale,
         checked_elements=int(written.sum()),
+        **(systematic.fields() if systematic else {}),
     )
     if error > budget or error > cap:
         which = f"{tol.k:g}× the baseline error {baseline_error:.3g} + floor {floor:.3g}" if error > budget else f"rtol cap {cap:.3g}"
@@ -128,4 +147,53 @@ def judge(
         else:
             kind = FailureKind.NUMERICS
         problems.append(Problem(kind, text, **_where(elementwise > min(budget, cap))))
+    elif systematic and systematic.flagged:
+        # Only inside the budget: a result outside it already fails for its written region, and keeps
+        # the kinds it had (an expectations entry that lists ``numerics`` still covers it).
+        problems.append(Problem(FailureKind.SYSTEMATIC, systematic.text()))
     return Verdict(tuple(problems), measurement)
+
+
+@dataclass(frozen=True)
+class _Systematic:
+    """The target's and the baseline's bias on one case, and the threshold of the output dtype."""
+
+    target: DeltaBias
+    baseline: DeltaBias | None
+    threshold: float
+    min_bias: float
+    z: float
+
+    @property
+    def flagged(self) -> bool:
+        return abs(self.target.bias) > self.threshold
+
+    def fields(self) -> dict:
+        return {
+            "delta_bias": self.target.bias,
+            "delta_bias_se": self.target.standard_error,
+            "delta_bias_threshold": self.threshold,
+            "systematic_ratio": abs(self.target.bias) / self.threshold,
+            "baseline_delta_bias": self.baseline.bias if self.baseline else None,
+        }
+
+    def text(self) -> str:
+        baseline = f"{self.baseline.bias:+.3%}" if self.baseline else "undefined"
+        return (
+            f"systematic error in the delta: the error is {self.target.bias:+.3%} of the LoRA delta "
+            f"({self.target.significance:.1f} standard errors of rounding), past the threshold {self.threshold:.3%} "
+            f"= max(min bias {self.min_bias:.3%}, {self.z:g} × SE {self.target.standard_error:.3%}); "
+            f"the baseline's bias is {baseline}"
+        )
+
+
+def _systematic(a, o, b, d, rows, dtype: torch.dtype) -> _Systematic | None:
+    """The bias along the delta ``d`` of the result ``a``'s error and of the baseline ``b``'s (1-D, over
+    the written elements where the result and the oracle ``o`` are finite), and the dtype's threshold;
+    None where the delta is zero (nothing to be proportional to)."""
+    target = delta_bias(a - o, d, o, rows, dtype)
+    if target is None:
+        return None
+    baseline = delta_bias((b - o).nan_to_num(0.0, 0.0, 0.0), d, o, rows, dtype)  # a baseline that overflowed
+    rule = systematic_threshold_for(dtype)
+    return _Systematic(target, baseline, max(rule.min_bias, rule.z * target.standard_error), rule.min_bias, rule.z)

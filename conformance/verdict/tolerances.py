@@ -27,6 +27,25 @@ Why these numbers (measured with a correct target that sums in another order, th
   before the k rule in about a third of correct cases; nothing correct comes near it.
 
 tests/verdict/test_verdict_calibration.py keeps the correct target below 0.75 of the budget on four seeds.
+
+Systematic error (``SYSTEMATIC_THRESHOLDS``, the rule in ``conformance.verdict.systematic``): beside the
+budget, a result is flagged when the least-squares multiple of the LoRA delta in its error, the bias
+``α``, is both material and significant:
+
+    flag iff  |α| > min_bias(dtype)  and  |α| > z · SE(α)
+
+* ``z = 5`` standard errors of a noise model that bounds every rounding by its largest value, so it
+  overestimates the spread of correct code: over the calibration (docs/verdict.md, *Systematic-error
+  calibration*, 1,000 run seeds) no correct 16-bit result exceeded 2.7 standard errors, while a 1 %
+  delta error in bfloat16 reaches 40 on the smoke profile's larger cases.
+* ``min_bias`` keeps a bias that rounding itself can cause from counting however many elements show
+  it. bfloat16: 0.5 %, above one unit roundoff (2⁻⁸ = 0.39 %), the most one rounding of a shared
+  intermediate (round to nearest, or directed) can move a whole delta, and half the 1 % that must
+  be caught. float16: 0.1 %, two unit roundoffs (2⁻¹¹ = 0.049 %). float32: 1e-3: float32
+  accumulation in another order is not in the rounding model, and a shrink of one token and rank 1
+  (one element, a sum over thousands of features that cancels) moved α of correct targets by up to
+  1.15e-4 in the calibration, 1,225 standard errors of that model; 1e-3 is 8.7 times that and a
+  tenth of the 1 % to catch (which the float32 budget catches by itself anyway).
 """
 
 from __future__ import annotations
@@ -50,8 +69,30 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
 }
 
 
+@dataclass(frozen=True)
+class SystematicThreshold:
+    min_bias: float  # |α| at or below this is never flagged, however significant
+    z: float  # |α| must also exceed z standard errors of the rounding noise model
+
+
+SYSTEMATIC_THRESHOLDS: dict[torch.dtype, SystematicThreshold] = {
+    torch.float16: SystematicThreshold(min_bias=1e-3, z=5.0),
+    torch.bfloat16: SystematicThreshold(min_bias=5e-3, z=5.0),
+    torch.float32: SystematicThreshold(min_bias=1e-3, z=5.0),
+}
+
+
 def tolerance_for(dtype: torch.dtype) -> Tolerance:
     try:
         return TOLERANCES[dtype]
     except KeyError:
         raise ValueError(f"no tolerance for output dtype {dtype}; known: {sorted(map(str, TOLERANCES))}") from None
+
+
+def systematic_threshold_for(dtype: torch.dtype) -> SystematicThreshold:
+    try:
+        return SYSTEMATIC_THRESHOLDS[dtype]
+    except KeyError:
+        raise ValueError(
+            f"no systematic-error threshold for output dtype {dtype}; known: {sorted(map(str, SYSTEMATIC_THRESHOLDS))}"
+        ) from None

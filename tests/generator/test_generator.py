@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -255,3 +256,86 @@ def test_from_json_keeps_defaults_for_optional_fields(smoke):
     data = smoke[0][1].to_json()
     del data["family"]
     assert Case.from_json(data).family == "random"
+
+
+# -- (f) the segment layout of the sgmv ops ------------------------------------------------------
+
+SEGMENT_FAMILIES = ("seg_permuted", "seg_gaps")
+
+
+def _row_slots_ignoring_starts(case: Case) -> list[int]:
+    """The slot per row of an sgmv kernel that ignores b_seq_start_loc: slots repeated by length from row 0."""
+    repeated = [slot for slot, n in zip(case.seq_slots, case.seq_lens) for _ in range(n)]
+    return repeated + [-1] * (case.num_tokens - len(repeated))
+
+
+def test_segment_families_are_drawn_for_the_sgmv_ops_only(profile):
+    ops = {case.op for _, case in profile if case.family in SEGMENT_FAMILIES}
+    assert ops == {"sgmv_shrink", "sgmv_expand", "sgmv_expand_slice"}
+    # every other family keeps the canonical layout, and its JSON does not mention it
+    others = [case for _, case in profile if case.family not in SEGMENT_FAMILIES]
+    assert all(case.canonical_segments and "seq_starts" not in case.to_json() for case in others)
+
+
+def test_seg_permuted_cases_cover_every_row_without_slot_minus_one(profile):
+    permuted = [case for _, case in profile if case.family == "seg_permuted"]
+    assert permuted
+    for case in permuted:
+        assert all(case.covered_rows) and case.num_tokens == sum(case.seq_lens)
+        assert -1 not in case.seq_slots
+        # row 0 gets another adapter when the starts are ignored: no slot −1 needed to see the bug
+        assert _row_slots_ignoring_starts(case)[0] != case.token_slots[0]
+
+
+def test_seg_gaps_cases_leave_rows_uncovered_before_between_and_after(profile):
+    gapped = [case for _, case in profile if case.family == "seg_gaps"]
+    assert gapped
+    for case in gapped:
+        assert {"seg_gap", "seg_late_start", "uncovered_rows"} <= case_features(case)
+        assert not case.covered_rows[-1], "no uncovered row after the last segment"
+        assert _row_slots_ignoring_starts(case) != list(case.token_slots)
+    # some without any slot −1, some listed out of row order, overwrites among the expands
+    assert any(-1 not in case.seq_slots for case in gapped)
+    assert any("seg_permuted" in case_features(case) for case in gapped)
+    assert any(not case.add_inputs for case in gapped if case.op != "sgmv_shrink")
+
+
+def _segment_case(**layout) -> Case:
+    structure = {"seq_lens": (2, 3), "seq_slots": (0, -1), "num_slots": 2, "max_rank": 4, "adapter_ranks": (4, 4)}
+    return Case(op="sgmv_shrink", dtype="float32", **structure, hidden_size=8, output_slices=(1,), output_width=1, **layout)
+
+
+def test_a_segment_layout_gives_each_row_its_segment_slot():
+    case = _segment_case(seq_starts=(5, 1), num_rows=8)  # segment 0 at rows 5–6, segment 1 at rows 1–3
+    assert case.token_slots == (-1, -1, -1, -1, -1, 0, 0, -1)
+    assert case.covered_rows == (False, True, True, True, False, True, True, False)
+    assert case_features(case) >= {"seg_permuted", "seg_gap", "seg_late_start", "uncovered_rows", "neg1"}
+    assert Case.from_json(json.loads(json.dumps(case.to_json()))) == case
+
+
+def test_an_uncovered_row_is_not_a_slot_minus_one_row():
+    case = replace(_segment_case(seq_starts=(0, 2), num_rows=6), seq_slots=(0, 1))  # row 5 uncovered
+    assert case.token_slots == (0, 0, 1, 1, 1, -1)
+    assert "neg1" not in case_features(case) and "uncovered_rows" in case_features(case)
+
+
+def test_the_canonical_layout_written_out_shows_no_layout_feature():
+    case = _segment_case(seq_starts=(0, 2), num_rows=5)
+    assert case.canonical_segments and case.token_slots == _segment_case().token_slots
+    assert not case_features(case) & {"seg_permuted", "seg_gap", "seg_late_start", "uncovered_rows"}
+
+
+@pytest.mark.parametrize(
+    ("layout", "problem"),
+    [
+        ({"seq_starts": (0,)}, "1 seq_starts but 2 seq_lens"),
+        ({"seq_starts": (0, 1)}, "segments overlap"),
+        ({"seq_starts": (0, 4)}, "outside the 5 rows"),
+        ({"seq_starts": (0, 2), "num_rows": 4}, "outside the 4 rows"),
+        ({"seq_starts": (-1, 2)}, "outside"),
+        ({"num_rows": -3}, "num_rows must be ≥ 0"),
+    ],
+)
+def test_an_impossible_layout_is_refused_naming_the_field(layout, problem):
+    with pytest.raises(ValueError, match=problem):
+        _segment_case(**layout)

@@ -192,6 +192,46 @@ def test_sgmv_expand_slice_writes_only_the_slice_of_covered_rows():
     assert_exact(out, [[10, 1, 2, 3, 10], [20, 3, 4, 7, 20], [30] * 5, [40, 14, -8, 23, 40], [50] * 5])
 
 
+# Segments in any order, anywhere in the rows: the rows come from b_seq_start_loc, never from the
+# lengths. Listed (start, length, slot): (3, 2, 0), (0, 1, 2); rows 1 and 2 lie in the gap between.
+PERMUTED_SEGMENTS = (slots([3, 0]), slots([2, 1]), slots([0, 2]), 2, 2, 5)
+
+
+def test_sgmv_shrink_reads_permuted_segments_at_their_starts_and_skips_the_gap():
+    out = torch.zeros(5, 2, dtype=torch.float64)
+    out[1] = out[2] = SENTINEL
+    sgmv_shrink(X, A, out, *PERMUTED_SEGMENTS, 1.0)
+    # Repeating the slots by length from row 0 would give rows 0–1 slot 0 and row 2 slot 2 instead.
+    assert_exact(
+        out,
+        [
+            [3, 1],  # second listed segment, slot 2 on (1, 2, 3): (x2, x0)
+            [SENTINEL, SENTINEL],  # gap: no segment covers rows 1 and 2
+            [SENTINEL, SENTINEL],
+            [1, 0],  # first listed segment, slot 0 on (1, 0, −1): (x0, x1)
+            [2, 2],  # slot 0 on (2, 2, 2)
+        ],
+    )
+
+
+# Expand segments listed (2, 2, slot 1), (1, 1, slot 0): the first segment in the rows starts at row 1,
+# row 0 before it and row 4 after the last are uncovered.
+# slot 0 on (3, 4) = (3, 4, 7); slot 1 on (5, 6) = (10, −6, 17); on (7, 8) = (14, −8, 23).
+LATE_SEGMENTS = (slots([2, 1]), slots([2, 1]), slots([1, 0]), 2, 2, 5)
+
+
+def test_sgmv_expand_with_a_late_first_segment_leaves_the_rows_before_and_after_alone():
+    out = rows_of(10, 20, 30, 40, 50, width=4)
+    sgmv_expand(S, B, out, *LATE_SEGMENTS, add_inputs=True)
+    assert_exact(out, [[10] * 4, [23, 24, 27, 20], [40, 24, 47, 30], [54, 32, 63, 40], [50] * 4])
+
+
+def test_sgmv_expand_slice_overwrite_never_touches_uncovered_rows():
+    out = rows_of(10, 20, 30, 40, 50, width=5)
+    sgmv_expand_slice(S, B, out, *LATE_SEGMENTS, 1, 3)  # columns 1..3, add_inputs=False: overwrite
+    assert_exact(out, [[10] * 5, [20, 3, 4, 7, 20], [30, 10, -6, 17, 30], [40, 14, -8, 23, 40], [50] * 5])
+
+
 # -- LoRAKernelMeta ------------------------------------------------------------------------------
 
 # 20 tokens: slot −1 three times, 0 ten times, 1 five times, 2 twice, interleaved.
@@ -362,6 +402,8 @@ BAD_CALLS = {
     "token_nums": lambda: sgmv_shrink(X, A, _out(5, 2), slots([0]), slots([5]), slots([0]), 1, 5, 4, 1.0),
     "batches": lambda: sgmv_shrink(X, A, _out(5, 2), slots([0]), slots([5]), slots([0]), 2, 5, 5, 1.0),
     "max_seq_length": lambda: sgmv_expand(S, B, _out(5, 3), slots([0]), slots([5]), slots([0]), 1, 4, 5),
+    "overlap": lambda: sgmv_shrink(X, A, _out(5, 2), slots([0, 1]), slots([2, 2]), slots([0, 1]), 2, 2, 5, 1.0),
+    "outside the 5 rows": lambda: sgmv_expand(S, B, _out(5, 3), slots([4]), slots([2]), slots([0]), 1, 2, 5),
     "slot indices": lambda: bgmv_shrink(X[:4], A, _out(4, 2), slots([0, 0, 0])),
     "features": lambda: bgmv_shrink(X[:, :2], A, _out(5, 2), slots([0] * 5)),
     "rank": lambda: bgmv_expand(X[:3], B, _out(3, 3), slots([0, 0, 0])),

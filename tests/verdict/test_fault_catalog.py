@@ -1,6 +1,7 @@
 """The suite catches real LoRA bugs: every seeded fault fails at least one smoke case.
 
-Each fault of ``fault_targets.FAULTS`` runs over the smoke profile (run seed 0, drawn once per
+Each fault of ``fault_targets.FAULTS`` (the systematic ones, a delta one or two percent off, among
+them) runs over the smoke profile (run seed 0, drawn once per
 module), cheapest cases first, until one case ends FAIL; the case that caught it is recorded (user
 property ``caught_by``) and printed (``pytest -rP`` shows it). Faults the suite cannot catch today
 are strict xfails with the reason: when the suite learns to catch one, its test turns red so the
@@ -14,13 +15,14 @@ GPU wrapper; sgmv/bgmv and the naive MoE block assignment like its CPU wrapper's
 from __future__ import annotations
 
 import pytest
-from fault_targets import FAULTS, UNCAUGHT_BY_DESIGN, PlainTorchClassicTarget, PlainTorchTarget
+import torch
+from fault_targets import DELTA_GAIN_FAULTS, FAULTS, UNCAUGHT_BY_DESIGN, PlainTorchClassicTarget, PlainTorchTarget
 
 from conformance.cases import Case
 from conformance.generator.profiles import profile_cases
 from conformance.runner import CaseResult, run_case
 from conformance.targets import KERNEL_OPS, WRAPPER_OPS
-from conformance.verdict import Outcome
+from conformance.verdict import FailureKind, Outcome
 
 
 def _cost(case: Case) -> int:
@@ -79,6 +81,18 @@ def test_fault_is_caught(fault, smoke_cases, request):
     request.node.user_properties.append(("caught_by", result.case_id))
     print(f"{fault.name}: caught by {result.case_id} after {ran} case(s): {result.message}")
     assert result.message, f"{fault.__name__} caught by {result.case_id}, but the verdict gives no reason"
+
+
+@pytest.mark.parametrize("fault", [pytest.param(fault, id=fault.name.removeprefix("fault-")) for fault in DELTA_GAIN_FAULTS])
+def test_a_delta_gain_is_measured_as_its_bias_and_in_bfloat16_only_the_systematic_rule_sees_it(fault, smoke_cases):
+    """The case that catches a delta-gain fault measures the gain as its delta bias; in bfloat16 the
+    error stays inside the elementwise budget (about one rounding), so that case fails for systematic
+    error alone. In float16 and float32 the budget is tight enough to catch a percent by itself."""
+    result, _, _ = first_failure(fault(), smoke_cases)
+    assert result is not None
+    assert result.measurement.delta_bias == pytest.approx(fault.gain, rel=0.3)
+    if fault.dtype == torch.bfloat16:
+        assert result.kinds == (FailureKind.SYSTEMATIC,) and result.measurement.budget_ratio < 1
 
 
 # -- the correct target ---------------------------------------------------------------------------

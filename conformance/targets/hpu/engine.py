@@ -178,8 +178,9 @@ class LoRAEngine:
         column: int,
         scale: float,
         bias: torch.Tensor | None = None,
+        add_inputs: bool = True,
     ) -> None:
-        """``out[t, column:column+N] += scale · (x[t] @ A_lᵀ) @ B_lᵀ (+ bias_l)`` for rows with an adapter."""
+        """``out[t, column:column+N] = (out if add_inputs else 0) + scale · (x[t] @ A_lᵀ) @ B_lᵀ (+ bias_l)`` for rows with an adapter."""
         a, b = as_3d(a_stack), as_3d(b_stack)
         _check_rows(rows, x=x, out=out)
         if (a.size(0), a.size(1)) != (b.size(0), b.size(2)):
@@ -188,7 +189,7 @@ class LoRAEngine:
             raise ValueError(f"inputs have {x.size(-1)} features but LoRA-A expects {a.size(2)}")
         target = _columns(out, column, b.size(1))
         delta = self.variant.linear(pad_rows(x, rows.padded), a_stack, b_stack, rows, scale)
-        self._finish(target, delta, rows, True, bias)
+        self._finish(target, delta, rows, add_inputs, bias)
 
     def full_linear_into(
         self, out: torch.Tensor, x: torch.Tensor, weight_stack: torch.Tensor, bias: torch.Tensor | None, rows: PaddedRows

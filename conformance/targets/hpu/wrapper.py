@@ -107,6 +107,7 @@ class HpuPunicaWrapper:
         *,
         buffer=None,
         lora_bias_stacked: tuple[torch.Tensor | None, ...] | None = None,
+        add_inputs: bool = True,
         **kwargs,
     ) -> None:
         # `buffer` (vLLM's zeroed shrink buffer) is not needed: the fused math keeps the intermediate itself.
@@ -119,7 +120,7 @@ class HpuPunicaWrapper:
         rows = self._rows(self.token_rows)
         column = 0
         for lora_a, lora_b, bias, width in zip(lora_a_stacked, lora_b_stacked, biases, output_slices, strict=True):
-            self.engine.linear_into(y2d, x, lora_a, lora_b, rows, column, scale, bias)
+            self.engine.linear_into(y2d, x, lora_a, lora_b, rows, column, scale, bias, add_inputs)
             column += width
         self.engine.layer.after_op()
 

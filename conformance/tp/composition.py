@@ -1,0 +1,111 @@
+"""What each rank of a tensor-parallel LoRA layer computes, and which collective joins them, as vLLM composes it.
+
+One function per layer kind and sharding, each run by every rank with that rank's wrapper (the
+target's ``add_shrink`` / ``add_expand`` / ``add_lora_linear``) and the collectives between the
+ranks (``conformance.tp.collectives``). Each returns the layer's *unsharded* output (every rank the
+same), which is what the suite judges: the column layers' outputs are gathered (vLLM's
+``gather_output``) and put back slice by slice, the row layers' outputs are all-reduced (vLLM's
+``reduce_results``). ``docs/tensor-parallel.md`` gives the math and the vLLM functions each follows.
+
+The base layer's output (``y`` before the delta) is split as vLLM's base layers leave it: the column
+layers' rank holds its columns; the row layers' partial sums are all on rank 0 (the other ranks hold
+zeros, as if the base weight's other shards were zero), so rows without an adapter must come back bit
+for bit after the all-reduce.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .case import TPCase
+from .values import LayerTensors, column_shard, input_columns, lora_a_rank_rows, lora_b_rows, place_column_shards
+
+REQUIRED_WRAPPER_METHODS = ("add_shrink", "add_expand", "add_lora_linear")
+
+
+def _buffer_dtype(x: torch.Tensor) -> torch.dtype:
+    """vLLM's shrink buffers are float32; float64 when the whole layer is (the suite's exact check of a composition)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _local_slices(case: TPCase) -> tuple[int, ...]:
+    return tuple(width // case.tp_size for width in case.output_slices)
+
+
+def _gathered_columns(case: TPCase, local: torch.Tensor, collectives, initial: torch.Tensor) -> torch.Tensor:
+    """All-gather the ranks' packed column outputs (rank-major) and put each rank's slices in their place."""
+    gathered = collectives.all_gather(local, dim=-1)
+    width = local.size(-1)
+    shards = [gathered[:, r * width : (r + 1) * width] for r in range(case.tp_size)]
+    return place_column_shards(case, shards, initial)
+
+
+def column_parallel(case: TPCase, t: LayerTensors, wrapper, collectives, rank: int) -> torch.Tensor:
+    """``ColumnParallelLinearWithLoRA`` / ``MergedColumnParallelLinearWithLoRA`` / ``MergedQKVParallelLinearWithLoRA``:
+    LoRA-A whole on every rank, LoRA-B cut to the rank's output columns of each slice; one
+    ``add_lora_linear`` on the rank's columns; the outputs all-gathered."""
+    y = column_shard(t.y, case, rank)
+    wrapper.add_lora_linear(y, t.x, t.lora_a, lora_b_rows(t.lora_b, case, rank), case.scale, _local_slices(case))
+    return _gathered_columns(case, y, collectives, t.y)
+
+
+def column_parallel_fully_sharded(case: TPCase, t: LayerTensors, wrapper, collectives, rank: int) -> torch.Tensor:
+    """``*ColumnParallelLinearWithShardedLoRA`` / ``QKVParallelLinearWithShardedLoRA`` (vLLM's ``_mcp_apply``):
+    LoRA-A cut to the rank's R / tp rows; ``add_shrink`` into a float32 ``[S, T, R / tp]`` buffer; the
+    buffers all-gathered along the rank dimension (``[S, T, R]``, the whole shrink); ``add_expand`` of
+    the rank's LoRA-B columns at ``offset_start`` 0 of its own output; the outputs all-gathered."""
+    y = column_shard(t.y, case, rank)
+    buffer = torch.zeros((case.num_slices, case.num_tokens, case.max_rank // case.tp_size), dtype=_buffer_dtype(t.x), device=y.device)
+    wrapper.add_shrink(buffer, t.x, lora_a_rank_rows(t.lora_a, case, rank), case.scale)
+    buffer = collectives.all_gather(buffer, dim=-1)
+    wrapper.add_expand(y, buffer, lora_b_rows(t.lora_b, case, rank), _local_slices(case), 0, True)
+    return _gathered_columns(case, y, collectives, t.y)
+
+
+def _row_inputs(case: TPCase, t: LayerTensors, rank: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
+    """The rank's input features of ``x`` and LoRA-A (vLLM's ``slice_lora_a`` of a row layer), and its base partial sum."""
+    cols = input_columns(case, rank)
+    x = t.x[:, cols].contiguous()
+    lora_a = tuple(a[..., cols].contiguous() for a in t.lora_a)
+    y = t.y.clone() if rank == 0 else torch.zeros_like(t.y)
+    return x, lora_a, y
+
+
+def row_parallel(case: TPCase, t: LayerTensors, wrapper, collectives, rank: int) -> torch.Tensor:
+    """``RowParallelLinearWithLoRA``: x and LoRA-A cut along the input features, LoRA-B whole; each rank's
+    ``add_lora_linear`` adds a partial delta to its partial output; the outputs all-reduced."""
+    x, lora_a, y = _row_inputs(case, t, rank)
+    wrapper.add_lora_linear(y, x, lora_a, t.lora_b, case.scale, case.output_slices)
+    return collectives.all_reduce(y)
+
+
+def row_parallel_fully_sharded(case: TPCase, t: LayerTensors, wrapper, collectives, rank: int) -> torch.Tensor:
+    """``RowParallelLinearWithShardedLoRA`` (S-LoRA): ``add_shrink`` of the rank's input features into a float32
+    ``[1, T, R]`` buffer; the buffers all-reduced (the whole shrink); ``add_expand`` of the rank's
+    N / tp LoRA-B rows at ``offset_start = rank · N / tp`` of the (full-width, partial) output; the
+    outputs all-reduced."""
+    x, lora_a, y = _row_inputs(case, t, rank)
+    buffer = torch.zeros((1, case.num_tokens, case.max_rank), dtype=_buffer_dtype(x), device=y.device)
+    wrapper.add_shrink(buffer, x, lora_a, case.scale)
+    buffer = collectives.all_reduce(buffer)
+    shard = case.output_slices[0] // case.tp_size
+    wrapper.add_expand(y, buffer, lora_b_rows(t.lora_b, case, rank), (shard,), rank * shard, True)
+    return collectives.all_reduce(y)
+
+
+def composition(case: TPCase):
+    """The function every rank runs for ``case``."""
+    if case.layer == "row":
+        return row_parallel_fully_sharded if case.fully_sharded else row_parallel
+    return column_parallel_fully_sharded if case.fully_sharded else column_parallel
+
+
+def run_rank(case: TPCase, tensors: LayerTensors, wrapper, collectives, rank: int, device: torch.device) -> torch.Tensor:
+    """One rank's part of ``case`` on ``device`` (``update_metadata`` already called); the unsharded output, on the CPU."""
+    on_device = LayerTensors(
+        tensors.x.to(device), tuple(a.to(device) for a in tensors.lora_a), tuple(b.to(device) for b in tensors.lora_b), tensors.y.to(device)
+    )
+    output = composition(case)(case, on_device, wrapper, collectives, rank)
+    if hasattr(wrapper, "synchronize"):
+        wrapper.synchronize()
+    return output.cpu()

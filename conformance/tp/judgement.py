@@ -1,0 +1,105 @@
+"""Judging a tensor-parallel case: the gathered output against the unsharded float64 reference.
+
+* oracle: the golden reference's ``add_lora_linear`` on the *unsharded* layer in float64
+  (``PunicaWrapperReference``, one call on the full stacks);
+* baseline: the same tensor-parallel composition (``conformance.tp.composition``) run by the reference
+  in the case dtype, every rank a thread, the collectives summing in the dtype: the partial sums and
+  roundings a correct target may show;
+* ``conformance.verdict.judge`` decides, with every row of an adapter written and every row of slot
+  −1 bit for bit untouched. A failure names the rows by slot and the columns by the rank that owns them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.ops import case_mapping
+from conformance.reference.punica_wrapper import PunicaWrapperReference
+from conformance.runner import describe_rows
+from conformance.verdict import judge
+from conformance.verdict.failure_kind import ordered
+
+from .case import TPCase
+from .collectives import run_in_threads
+from .composition import run_rank
+from .values import LayerTensors, layer_tensors, rank_columns
+
+
+def oracle_output(case: TPCase, tensors: LayerTensors) -> torch.Tensor:
+    """The unsharded layer's output in float64."""
+    exact = tensors.to(torch.float64)
+    reference = PunicaWrapperReference()
+    reference.update_metadata(case_mapping(case))
+    y = exact.y.clone()
+    reference.add_lora_linear(y, exact.x, exact.lora_a, exact.lora_b, case.scale, case.output_slices)
+    return y
+
+
+def baseline_output(case: TPCase, tensors: LayerTensors) -> torch.Tensor:
+    """The composition run by the reference in the case dtype, the ranks as threads of this process."""
+    def one_rank(rank: int, collectives) -> torch.Tensor:
+        reference = PunicaWrapperReference()
+        reference.update_metadata(case_mapping(case))
+        return run_rank(case, tensors, reference, collectives, rank, torch.device("cpu"))
+
+    return run_in_threads(case.tp_size, one_rank)[0]
+
+
+def written_mask(case: TPCase) -> torch.Tensor:
+    """Every column of every row with an adapter; rows of slot −1 must stay as they were."""
+    rows = torch.tensor([slot != -1 for slot in case.token_slots])
+    return rows[:, None].expand(case.num_tokens, case.output_width).clone()
+
+
+def describe_columns(case: TPCase, columns: tuple[int, ...], limit: int = 6) -> str:
+    """"columns 8–15 (slice 1, rank 1)": which slice each column is in, and which rank's shard computes it."""
+    if case.layer == "row" and not case.fully_sharded:
+        return f"columns {_ranges(columns, limit)} (every rank adds a partial delta to every column)"
+    owner: dict[tuple[int, int], list[int]] = {}  # (rank, slice) → columns
+    for column in columns:
+        for rank in range(case.tp_size):
+            for s, (start, end) in enumerate(rank_columns(case, rank)):
+                if start <= column < end:
+                    owner.setdefault((rank, s), []).append(column)
+    parts = []
+    for (rank, s), cols in sorted(owner.items()):
+        where = f"slice {s}, rank {rank}" if case.num_slices > 1 else f"rank {rank}"
+        parts.append(f"columns {_ranges(cols, limit)} ({where})")
+    return "; ".join(parts)
+
+
+def _ranges(columns, limit: int) -> str:
+    runs: list[list[int]] = []
+    for c in sorted(set(columns)):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    shown = [f"{a}" if a == b else f"{a}–{b}" for a, b in runs[:limit]]
+    return ", ".join(shown) + (", …" if len(runs) > limit else "")
+
+
+def failing_ranks(case: TPCase, columns: tuple[int, ...]) -> tuple[int, ...]:
+    """The ranks whose columns show a problem (every rank for a row layer that is not fully sharded)."""
+    if case.layer == "row" and not case.fully_sharded:
+        return tuple(range(case.tp_size)) if columns else ()
+    return tuple(
+        rank for rank in range(case.tp_size) if any(start <= c < end for start, end in rank_columns(case, rank) for c in columns)
+    )
+
+
+def judge_output(case: TPCase, actual: torch.Tensor, tensors: LayerTensors | None = None):
+    """``(verdict, message, failing_slots, failing_ranks, kinds)`` for the gathered ``actual``."""
+    tensors = tensors or layer_tensors(case)
+    verdict = judge(actual, oracle_output(case, tensors), baseline_output(case, tensors), tensors.y, written_mask(case))
+    if verdict.passed:
+        return verdict, "", (), (), ()
+    row_slots = case.token_slots
+    details = []
+    for problem in verdict.problems:
+        where = [describe_rows(problem.rows, row_slots)] if problem.rows else []
+        where += [describe_columns(case, problem.columns)] if problem.columns else []
+        details.append(f"{problem.text}: {'; '.join(where)}" if where else problem.text)
+    slots = tuple(sorted({row_slots[row] for p in verdict.problems for row in p.rows}))
+    ranks = failing_ranks(case, tuple(c for p in verdict.problems for c in p.columns))
+    return verdict, "; ".join(details), slots, ranks, ordered(p.kind for p in verdict.problems)

@@ -1,0 +1,103 @@
+"""One rank of a tensor-parallel pool: ``python -m conformance.tp.rank READ_FD WRITE_FD``.
+
+It loads the target by name (``conformance.targets.registry``), joins the pool's ``torch.distributed``
+process group (gloo on the CPU, nccl on CUDA, hccl on Gaudi: the target's device type decides), and
+then runs its shard of every case its parent (``conformance.tp.pool``) sends: ``update_metadata`` with
+the case's mapping, the layer's composition (``conformance.tp.composition``) with the target's wrapper
+methods and the process group's collectives. Rank 0 answers with the gathered output, the others
+with ``None``; an exception is answered with its text (the parent decides the outcome). Like the op
+worker (``conformance.isolation.child``) it dies with its parent and dumps its Python stacks into the
+stack file on a fatal signal or on SIGUSR1, which the parent sends to a rank that hangs.
+
+Messages (pickled, one pipe each way): the parent's configuration dict, answered ``("ready", device
+description)`` or ``("raise", text)``; then each ``("case", TPCase)`` is answered ``("ok", tensor or
+None)``, ``("not_supported", text)`` (NotImplementedError) or ``("raise", text)``; ``("exit", None)`` ends it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import pickle
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+BACKEND_OF_DEVICE = {"cpu": "gloo", "cuda": "nccl", "hpu": "hccl"}
+COLLECTIVE_TIMEOUT = dt.timedelta(minutes=10)  # the parent's case timeout ends a hung rank long before
+
+
+def backend_for(device_type: str) -> str:
+    if device_type not in BACKEND_OF_DEVICE:
+        raise ValueError(
+            f"no torch.distributed backend known for device type {device_type!r} (known: "
+            f"{', '.join(f'{k}: {v}' for k, v in BACKEND_OF_DEVICE.items())})"
+        )
+    return BACKEND_OF_DEVICE[device_type]
+
+
+def _error_text(exc: BaseException) -> str:
+    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    at = f" (at {frame.filename}:{frame.lineno})" if frame else ""
+    return f"{type(exc).__name__}: {exc}{at}"
+
+
+def main(argv: list[str]) -> int:
+    commands = Connection(int(argv[0]), writable=False)
+    replies = Connection(int(argv[1]), readable=False)
+
+    def reply(*message) -> None:
+        replies.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    config = pickle.loads(commands.recv_bytes())
+    # the op worker's own arrangements: die with the parent, dump stacks where the parent reads them
+    from conformance.isolation.child import _die_with_parent, _dump_stacks_into
+
+    _die_with_parent(config["parent_pid"])
+    stacks = _dump_stacks_into(config["stack_file"])  # noqa: F841 - kept open until the process ends
+    if config.get("device_env"):
+        os.environ[config["device_env"]] = config["device"]  # before any device runtime loads
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(config["torch_threads"])
+    from conformance.ops import case_mapping
+    from conformance.report.fingerprint import device_description
+    from conformance.targets import load
+
+    from .collectives import ProcessGroupCollectives
+    from .composition import run_rank
+    from .values import layer_tensors
+
+    rank, world_size = config["rank"], config["world_size"]
+    try:
+        target = load(config["target"])
+        backend = backend_for(target.device.type)
+        dist.init_process_group(backend, init_method=f"file://{config['init_file']}", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+        reply("ready", {**device_description(target.device.type), "backend": backend})
+    except Exception as exc:  # noqa: BLE001 - the parent reports it for every case
+        reply("raise", _error_text(exc))
+        return 1
+    collectives = ProcessGroupCollectives(rank, world_size)
+    while True:
+        try:
+            kind, case = pickle.loads(commands.recv_bytes())
+        except EOFError:  # the parent closed the pipe: the run is over
+            break
+        if kind == "exit":
+            break
+        try:
+            target.update_metadata(case_mapping(case))
+            output = run_rank(case, layer_tensors(case), target, collectives, rank, target.device)
+        except NotImplementedError as exc:
+            reply("not_supported", _error_text(exc))
+        except Exception as exc:  # noqa: BLE001 - any exception from the target is the broken outcome
+            reply("raise", _error_text(exc))
+        else:
+            reply("ok", output if rank == 0 else None)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,141 @@
+"""Running tensor-parallel cases on a target and recording them: the executor the session calls.
+
+:class:`TPExecutor` keeps one :class:`conformance.tp.pool.RankPool` (the ranks of one TP size; a case
+of another size ends it first: two cores do not hold eight idle ranks well), sends each case to its
+ranks, judges rank 0's gathered output (``conformance.tp.judgement``) and turns whatever happened into
+a :class:`TPResult`, a ``CaseResult`` at level ``layer``. A target runs the cases iff it implements
+the three wrapper methods vLLM's linear LoRA layers call (``add_shrink``, ``add_expand``,
+``add_lora_linear``), decided from its class, so an unsupported target never starts a pool.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from conformance.ops import Level
+from conformance.runner import CaseResult
+from conformance.targets import resolve
+from conformance.verdict import Outcome
+
+from .case import TPCase
+from .composition import REQUIRED_WRAPPER_METHODS
+from .judgement import judge_output
+from .pool import RankFailure, RankPool
+
+TP_CASE_TIMEOUT = 120.0  # seconds: a TP case takes about a second; the profile's timeout is sized for op workers
+VISIBLE_DEVICES_ENV = {"hpu": "HABANA_VISIBLE_MODULES", "cuda": "CUDA_VISIBLE_DEVICES"}  # as conformance.devices
+
+
+@dataclass
+class TPResult(CaseResult):
+    """One tensor-parallel case's result: an op case's record at level "layer", with the ranks a failure names."""
+
+    case: TPCase
+    failing_ranks: tuple[int, ...] = ()
+
+    @property
+    def level(self) -> Level:
+        return Level.LAYER
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "failing_ranks": list(self.failing_ranks)}
+
+
+def unsupported_reason(target_class, case: TPCase) -> str | None:
+    """Why the target does not run ``case``, from its class (no target is loaded for this)."""
+    missing = [m for m in REQUIRED_WRAPPER_METHODS if not callable(getattr(target_class, m, None))]
+    if missing:
+        return (f"{target_class.name} does not implement {', '.join(missing)} (the tensor-parallel LoRA layers call "
+                f"{', '.join(REQUIRED_WRAPPER_METHODS)} on each rank)")
+    dtypes = getattr(target_class, "dtypes", None)
+    if dtypes is not None and getattr(torch, case.dtype) not in dtypes:
+        return f"{target_class.name} does not support {case.dtype}"
+    return None
+
+
+def rank_devices(devices: str | list[str] | None, device_type: str, tp_size: int, device_env: str | None) -> tuple[list[str] | None, str | None]:
+    """The device id of each rank and the variable that selects it, from ``--devices``.
+
+    Rank r gets the r-th entry of the ``--devices`` list (``auto``, or no ``--devices`` on an
+    accelerator: device r). On the CPU without ``--devices``: none (every rank uses the CPU).
+    """
+    if devices is None and device_type == "cpu":
+        return None, None
+    variable = device_env or VISIBLE_DEVICES_ENV.get(device_type)
+    if variable is None:
+        raise ValueError(f"tensor-parallel ranks on {device_type} need a visible-devices variable: name it with --device-env=VAR")
+    if devices is None or devices == "auto":
+        return [str(rank) for rank in range(tp_size)], variable
+    if len(devices) < tp_size:
+        raise ValueError(
+            f"tensor parallelism {tp_size} runs one rank per device, but --devices lists {len(devices)} "
+            f"({','.join(devices)}); list at least {tp_size}, or leave TP cases out with -m 'not tp'"
+        )
+    return list(devices[:tp_size]), variable
+
+
+class TPExecutor:
+    def __init__(self, target_name: str, *, case_timeout: float | None, torch_threads: int = 1,
+                 devices: str | list[str] | None = None, device_env: str | None = None) -> None:
+        self.target_name = target_name
+        self.target_class = resolve(target_name)
+        self.case_timeout = None if not case_timeout else min(case_timeout, TP_CASE_TIMEOUT)
+        self.torch_threads = torch_threads
+        self.devices, self.device_env = devices, device_env
+        self._pool: RankPool | None = None
+        self._start_errors: dict[int, RankFailure] = {}  # a pool that cannot start: said once per case, not retried
+        self.pool_starts = 0
+
+    def _pool_for(self, tp_size: int) -> RankPool:
+        if self._pool is not None and self._pool.tp_size != tp_size:
+            self._pool.close()
+            self._pool = None
+        if self._pool is None:
+            devices, variable = rank_devices(self.devices, self.target_class.default_device().type, tp_size, self.device_env)
+            self._pool = RankPool(self.target_name, tp_size, torch_threads=self.torch_threads, devices=devices, device_env=variable)
+        return self._pool
+
+    def run(self, case: TPCase) -> TPResult:
+        features = case.features()
+        reason = unsupported_reason(self.target_class, case)
+        if reason:
+            return TPResult(case.case_id, case, Outcome.NOT_SUPPORTED, reason, features=features)
+        if case.tp_size in self._start_errors:
+            failure = self._start_errors[case.tp_size]
+            return TPResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features, kinds=(failure.kind,))
+        started = time.perf_counter()
+        pool = self._pool_for(case.tp_size)
+        starting = not pool.alive
+        try:
+            pool.start()
+        except RankFailure as failure:
+            failure.message = f"the tensor-parallel pool could not start: {failure.message}"
+            self._start_errors[case.tp_size] = failure
+            return TPResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features, kinds=(failure.kind,),
+                            failing_ranks=failure.ranks)
+        self.pool_starts += starting
+        try:
+            output = pool.run(case, self.case_timeout)
+        except RankFailure as failure:
+            seconds = time.perf_counter() - started
+            if failure.kind is None:
+                return TPResult(case.case_id, case, Outcome.NOT_SUPPORTED, failure.message, features=features)
+            return TPResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features, seconds=seconds,
+                            kinds=(failure.kind,), failing_ranks=failure.ranks)
+        seconds = time.perf_counter() - started
+        verdict, message, slots, ranks, kinds = judge_output(case, output)
+        if verdict.passed:
+            return TPResult(case.case_id, case, Outcome.PASS, "", verdict.measurement, features, seconds)
+        return TPResult(case.case_id, case, Outcome.FAIL, message, verdict.measurement, features, seconds, slots,
+                        kinds=kinds, failing_ranks=ranks)
+
+    def device_description(self) -> dict | None:
+        return self._pool.device if self._pool is not None else None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None

@@ -1,0 +1,114 @@
+"""The tensors of a tensor-parallel case (the unsharded layer), and each rank's shard of them.
+
+Every rank rebuilds the whole problem from the case's seed and cuts its own shard, as vLLM's
+``slice_lora_a`` / ``slice_lora_b`` cut the full adapter each rank loads: no tensor travels between
+processes but the case record and rank 0's gathered output. Magnitudes as for op cases
+(``conformance.cases.values``): activations ~ N(0, 1), LoRA-A scaled by 1/√H, LoRA-B by 1/√R, so every
+intermediate stays O(1) in float16. Stacks are 4-D ``[L, 1, rows, cols]``, the layout vLLM's layers
+keep; slots no token uses still hold non-zero weights, so a row reading the wrong slot shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from conformance.cases.case import DTYPES
+
+from .case import TPCase
+
+Stacks = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class LayerTensors:
+    """The unsharded layer: activations ``x [T, H]``, per slice ``A [L, 1, R, H]`` and ``B [L, 1, N_s, R]``,
+    and the output ``y [T, Σ N_s]`` as it is before the LoRA delta (the base layer's output)."""
+
+    x: torch.Tensor
+    lora_a: Stacks
+    lora_b: Stacks
+    y: torch.Tensor
+
+    def to(self, dtype: torch.dtype) -> LayerTensors:
+        return LayerTensors(self.x.to(dtype), tuple(a.to(dtype) for a in self.lora_a), tuple(b.to(dtype) for b in self.lora_b), self.y.to(dtype))
+
+
+def layer_tensors(case: TPCase) -> LayerTensors:
+    """The case's tensors in its dtype (drawn in float64 from its seed, then rounded once)."""
+    gen = torch.Generator().manual_seed(case.seed)
+    dtype = DTYPES[case.dtype]
+    tokens, slots, rank, hidden = case.num_tokens, case.num_slots, case.max_rank, case.hidden_size
+
+    def draw(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(dtype)
+
+    x = draw(tokens, hidden)
+    lora_a = tuple(draw(slots, 1, rank, hidden, scale=hidden**-0.5) for _ in case.output_slices)
+    lora_b = tuple(draw(slots, 1, width, rank, scale=rank**-0.5) for width in case.output_slices)
+    y = draw(tokens, case.output_width)
+    return LayerTensors(x, lora_a, lora_b, y)
+
+
+def column_bounds(case: TPCase) -> list[int]:
+    """Where each slice starts in the unsharded output, and where the last ends: ``[0, N_0, N_0 + N_1, …]``."""
+    bounds = [0]
+    for width in case.output_slices:
+        bounds.append(bounds[-1] + width)
+    return bounds
+
+
+def rank_columns(case: TPCase, rank: int) -> list[tuple[int, int]]:
+    """The unsharded output columns ``[start, end)`` that hold ``rank``'s part, slice by slice.
+
+    Column layers: each slice's shard ``N_s / tp`` wide at ``start_s + rank · N_s / tp`` (vLLM's
+    ``slice_lora_b``: slice by slice for merged and QKV layers). Fully sharded row layers: the rank's
+    LoRA-B rows ``[rank · N / tp, (rank + 1) · N / tp)``. A row layer that is not fully sharded has
+    every rank add to every column (its delta is a partial sum): all of them.
+    """
+    if case.layer == "row" and not case.fully_sharded:
+        return [(0, case.output_width)]
+    bounds = column_bounds(case)
+    parts = []
+    for s, width in enumerate(case.output_slices):
+        shard = width // case.tp_size
+        parts.append((bounds[s] + rank * shard, bounds[s] + (rank + 1) * shard))
+    return parts
+
+
+def column_shard(tensor: torch.Tensor, case: TPCase, rank: int) -> torch.Tensor:
+    """``rank``'s columns of an unsharded output ``[T, Σ N_s]``, packed slice after slice (its local output)."""
+    return torch.cat([tensor[:, start:end] for start, end in rank_columns(case, rank)], dim=1).contiguous()
+
+
+def place_column_shards(case: TPCase, shards: list[torch.Tensor], into: torch.Tensor) -> torch.Tensor:
+    """The unsharded output from every rank's packed columns (the inverse of :func:`column_shard`)."""
+    out = into.clone()
+    for rank, shard in enumerate(shards):
+        local = 0
+        for start, end in rank_columns(case, rank):
+            out[:, start:end] = shard[:, local : local + end - start]
+            local += end - start
+    return out
+
+
+def lora_b_rows(stacks: Stacks, case: TPCase, rank: int) -> Stacks:
+    """Each slice's LoRA-B rows (output features) that ``rank`` holds: ``[L, 1, N_s / tp, R]``."""
+    parts = []
+    for stack, width in zip(stacks, case.output_slices):
+        shard = width // case.tp_size
+        parts.append(stack[:, :, rank * shard : (rank + 1) * shard, :].contiguous())
+    return tuple(parts)
+
+
+def lora_a_rank_rows(stacks: Stacks, case: TPCase, rank: int) -> Stacks:
+    """Fully sharded column layers: each slice's LoRA-A rows of the LoRA rank ``rank`` holds, ``[L, 1, R / tp, H]``."""
+    shard = case.max_rank // case.tp_size
+    return tuple(stack[:, :, rank * shard : (rank + 1) * shard, :].contiguous() for stack in stacks)
+
+
+def input_columns(case: TPCase, rank: int) -> slice:
+    """Row layers: the input features ``rank`` holds (``x``'s columns, LoRA-A's columns)."""
+    shard = case.hidden_size // case.tp_size
+    return slice(rank * shard, (rank + 1) * shard)

@@ -1,0 +1,76 @@
+"""Systematic error: the part of a result's error that is proportional to the LoRA delta.
+
+The elementwise budget (``tolerances``) bounds the largest error; an implementation whose delta is
+off by one or two percent everywhere stays inside it, since correct low-precision code already
+errs by about one rounding of the output. What tells such a bug from rounding is that its error
+points along the delta. Over the elements the op writes (finite ones), with
+
+    e = actual − oracle        the error
+    d = the oracle's delta     what the op adds to its output (the float64 reference on a zeroed
+                               output: for an op that overwrites, the value it writes)
+
+the least-squares fit ``e ≈ α · d`` gives
+
+    α = ⟨e, d⟩ / ⟨d, d⟩        the relative bias of the delta (+0.016: the delta is 1.6 % too large)
+
+Rounding moves α too, so α is read against its standard error under a noise model of what correct
+code may do (a bound on each rounding, not a fit to the target's own residuals, so that it holds on a
+case of one element as on one of a million), with ``u = eps(dtype) / 2`` the unit roundoff of the
+output dtype and ``ulp`` the spacing of that dtype:
+
+* every element: one rounding of the output and one of the delta, independent between elements,
+  each at most half an ulp: ``σ_i = ½ · (ulp(o_i) + ulp(d_i))``;
+* every row ``g`` (the output's dim −2, the dims before it flattened with it): one rounding of an
+  intermediate the row shares (the shrink result of rank 1, a routing weight), relative at most
+  ``u`` and the same for the whole row, so it is exactly proportional to that row's delta;
+
+    SE(α)² = [ Σ_i σ_i² d_i²  +  u² Σ_g (Σ_{i∈g} d_i²)² ] / (Σ_i d_i²)²
+
+Both terms bound a rounding by its largest value, so they overestimate its spread; the second
+keeps a case of few rows (one token, rank 1, where α *is* that row's rounding) from looking biased.
+The verdict (``judge``) flags a result whose ``|α|`` exceeds both ``min_bias`` of its dtype and
+``z · SE(α)`` (``SYSTEMATIC_THRESHOLDS`` in ``tolerances``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .metrics import ulp_of
+
+
+@dataclass(frozen=True)
+class DeltaBias:
+    bias: float  # α: the error's least-squares multiple of the delta
+    standard_error: float  # SE(α) under the rounding noise model above
+
+    @property
+    def significance(self) -> float:
+        """``|α| / SE(α)``: how many standard errors the bias is from zero."""
+        if self.standard_error > 0:
+            return abs(self.bias) / self.standard_error
+        return math.inf if self.bias else 0.0
+
+
+def row_groups(written: torch.Tensor) -> torch.Tensor:
+    """The row (dim −2, with the dims before it flattened) of every written element, in ``written``'s order."""
+    index = torch.arange(written.numel()).reshape(written.shape)
+    return (index // written.size(-1))[written]
+
+
+def delta_bias(error: torch.Tensor, delta: torch.Tensor, oracle: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype) -> DeltaBias | None:
+    """α and SE(α) over matching 1-D float64 ``error``, ``delta``, ``oracle`` and ``rows`` (row ids);
+    None when the delta is zero everywhere (nothing to be proportional to)."""
+    delta_energy = float((delta * delta).sum())
+    if delta_energy == 0.0:
+        return None
+    bias = float((error * delta).sum()) / delta_energy
+    element_noise = 0.5 * (ulp_of(oracle, dtype) + ulp_of(delta, dtype))
+    element_variance = float((element_noise**2 * delta**2).sum())
+    per_row_energy = torch.zeros(int(rows.max()) + 1, dtype=torch.float64).index_add_(0, rows, delta * delta)
+    unit_roundoff = torch.finfo(dtype).eps / 2
+    row_variance = unit_roundoff**2 * float((per_row_energy**2).sum())
+    return DeltaBias(bias, math.sqrt(element_variance + row_variance) / delta_energy)

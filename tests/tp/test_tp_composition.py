@@ -1,0 +1,97 @@
+"""Each layer's composition (what the ranks compute, and the collectives between them) is the unsharded layer.
+
+In float64, every rank a thread (``conformance.tp.collectives.run_in_threads``), the composition of
+every layer kind and sharding at TP 2 and 4 must equal the golden reference's unsharded
+``add_lora_linear`` to rounding; and compositions that are wrong in the ways a port gets them wrong
+must be failed by the judgement, naming the ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.ops import case_mapping
+from conformance.reference.punica_wrapper import PunicaWrapperReference
+from conformance.tp import composition
+from conformance.tp.case import LAYERS, TPCase
+from conformance.tp.collectives import run_in_threads
+from conformance.tp.judgement import baseline_output, judge_output, oracle_output
+from conformance.tp.values import layer_tensors
+
+
+def case_of(layer: str, fully_sharded: bool, tp_size: int, dtype: str = "float32") -> TPCase:
+    slices = {"column": (32,), "merged_column": (16, 48), "qkv": (64, 16, 16), "row": (48,)}[layer]
+    return TPCase(layer, fully_sharded, tp_size, dtype, seq_lens=(3, 2, 1, 4), seq_slots=(0, -1, 2, 1), num_slots=3,
+                  max_rank=8, hidden_size=32, output_slices=slices, scale=0.5, seed=11)
+
+
+@pytest.mark.parametrize("tp_size", [2, 4])
+@pytest.mark.parametrize("fully_sharded", [False, True])
+@pytest.mark.parametrize("layer", LAYERS)
+def test_the_composition_in_float64_is_the_unsharded_layer(layer, fully_sharded, tp_size):
+    case = case_of(layer, fully_sharded, tp_size)
+    tensors = layer_tensors(case).to(torch.float64)
+    composed = baseline_output(case, tensors)  # the tensors' dtype: float64 here
+    assert composed.dtype == torch.float64
+    torch.testing.assert_close(composed, oracle_output(case, tensors), rtol=0, atol=1e-12)
+    rows_without_adapter = torch.tensor(case.token_slots) == -1
+    assert torch.equal(composed[rows_without_adapter], tensors.y[rows_without_adapter])  # bit for bit
+
+
+def _composed_with(case: TPCase, collectives_class) -> torch.Tensor:
+    tensors = layer_tensors(case)
+
+    def one_rank(rank, collectives):
+        reference = PunicaWrapperReference()
+        reference.update_metadata(case_mapping(case))
+        return composition.run_rank(case, tensors, reference, collectives_class(collectives), rank, torch.device("cpu"))
+
+    return run_in_threads(case.tp_size, one_rank)[0]
+
+
+class SkipsTheBufferReduce:
+    """Fully sharded row layer without the all-reduce of the shrink buffers: each rank expands its partial shrink."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.reduces = inner, 0
+
+    def all_gather(self, tensor, dim=-1):
+        return self.inner.all_gather(tensor, dim)
+
+    def all_reduce(self, tensor):
+        self.reduces += 1
+        return tensor if self.reduces == 1 else self.inner.all_reduce(tensor)
+
+
+def test_a_composition_that_skips_the_shrink_all_reduce_fails_on_adapter_rows():
+    case = case_of("row", True, 2)
+    verdict, message, slots, ranks, kinds = judge_output(case, _composed_with(case, SkipsTheBufferReduce))
+    assert not verdict.passed and [k.value for k in kinds] == ["numerics"]
+    assert -1 not in slots and set(slots) == {0, 1, 2}
+    assert ranks == (0, 1) and "columns 0–23 (rank 0); columns 24–47 (rank 1)" in message
+
+
+def test_a_gather_that_concatenates_merged_slices_rank_by_rank_fails_naming_slice_and_rank(monkeypatch):
+    """The all-gathered merged output used as it comes ([r0: gate₀ up₀ | r1: gate₁ up₁]), not put back per slice."""
+    case = case_of("merged_column", False, 2)
+
+    def concatenated(case, local, collectives, initial):
+        return collectives.all_gather(local, dim=-1)
+
+    monkeypatch.setattr(composition, "_gathered_columns", concatenated)
+    verdict, message, slots, ranks, _ = judge_output(case, _composed_with(case, lambda inner: inner))
+    assert not verdict.passed
+    assert "slice 1, rank 0" in message and "slice 0, rank 1" in message  # the misplaced shards
+    assert -1 in slots  # rows without adapter come back with another rank's base columns
+
+
+def test_the_baseline_sums_partials_in_the_case_dtype():
+    """bfloat16 row layer at TP 4: the baseline's partial sums round in bfloat16, so it differs from the
+    float64 oracle by more than one unsharded bfloat16 call would (what a correct target may do)."""
+    case = case_of("row", False, 4, "bfloat16")
+    tensors = layer_tensors(case)
+    baseline, oracle = baseline_output(case, tensors), oracle_output(case, tensors)
+    assert baseline.dtype == torch.bfloat16
+    assert 0 < (baseline.double() - oracle).abs().max() < 0.1
+    assert judge_output(case, baseline, tensors)[0].passed

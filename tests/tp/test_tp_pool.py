@@ -1,0 +1,102 @@
+"""Real multi-process runs: one process per rank, gloo between them, the target loaded by name in each.
+
+The targets that must pass do at TP 2 and 4; seeded faults (tests/tp/tp_fault_targets.py) are failed,
+naming the rank; a rank that hangs or dies costs its case only (broken, timed out / crashed), and the
+next case runs on a fresh pool. Each executor starts as few pools as it can (about a second each).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.tp.case import TPCase
+from conformance.tp.run import TPExecutor, rank_devices
+from conformance.verdict import FailureKind, Outcome
+
+
+def case_of(layer: str, fully_sharded: bool, tp_size: int, dtype: str = "float32", seed: int = 5) -> TPCase:
+    slices = {"column": (16,), "merged_column": (16, 32), "qkv": (32, 8, 8), "row": (16,)}[layer]
+    return TPCase(layer, fully_sharded, tp_size, dtype, seq_lens=(2, 1, 3), seq_slots=(1, -1, 0), num_slots=2,
+                  max_rank=8, hidden_size=16, output_slices=slices, scale=2.0, seed=seed)
+
+
+@pytest.fixture
+def executor_of():
+    made = []
+
+    def make(target: str, case_timeout: float = 60) -> TPExecutor:
+        made.append(TPExecutor(target, case_timeout=case_timeout))
+        return made[-1]
+
+    yield make
+    for executor in made:
+        executor.close()
+
+
+def test_hpu_emulated_passes_every_layer_at_tp_2_and_4(executor_of):
+    executor = executor_of("hpu-emulated")
+    for tp_size in (2, 4):
+        for layer in ("column", "merged_column", "qkv", "row"):
+            for fully_sharded in (False, True):
+                result = executor.run(case_of(layer, fully_sharded, tp_size, "bfloat16"))
+                assert result.outcome is Outcome.PASS, (result.case_id, result.message)
+    assert executor.pool_starts == 2  # one pool per TP size, reused by its cases
+
+
+def test_the_reference_passes_at_tp_2_and_4(executor_of):
+    executor = executor_of("reference")
+    for case in (case_of("qkv", True, 2, "float16"), case_of("row", True, 4)):
+        result = executor.run(case)
+        assert result.outcome is Outcome.PASS, result.message
+        assert result.level.value == "layer" and result.to_json()["op"] == case.op
+
+
+def test_add_expand_ignoring_offset_start_fails_the_fully_sharded_row_layer_naming_rank_1(executor_of):
+    executor = executor_of("tp_fault_targets:IgnoresOffsetStart")
+    failed = executor.run(case_of("row", True, 2))
+    assert failed.outcome is Outcome.FAIL and failed.kinds == (FailureKind.NUMERICS,)
+    assert failed.failing_ranks == (0, 1) and "columns 8–15 (rank 1)" in failed.message
+    assert -1 not in failed.failing_slots
+    assert executor.run(case_of("row", False, 2)).outcome is Outcome.PASS  # add_lora_linear only: no offset
+
+
+def test_a_shrink_that_runs_on_rank_0_only_fails_the_fully_sharded_column_layer(executor_of):
+    result = executor_of("tp_fault_targets:ShrinksOnlyRankZero").run(case_of("merged_column", True, 2))
+    assert result.outcome is Outcome.FAIL and FailureKind.NUMERICS in result.kinds
+
+
+def test_a_hanging_rank_is_timed_out_and_the_next_case_runs_on_a_new_pool(executor_of, monkeypatch, tmp_path):
+    monkeypatch.setenv("TP_TEST_MARKER", str(tmp_path / "hung"))
+    executor = executor_of("tp_fault_targets:Rank1HangsOnce", case_timeout=3)
+    hung = executor.run(case_of("column", False, 2))
+    assert hung.outcome is Outcome.BROKEN and hung.kinds == (FailureKind.TIMED_OUT,)
+    # under load the other rank may also miss the deadline (it waits in the collective for the hung one)
+    assert "did not finish within 3 s" in hung.message and "rank 1 at " in hung.message and 1 in hung.failing_ranks
+    assert "add_lora_linear" in hung.message and "rank(s) 0 waiting in a collective" in hung.message
+    assert hung.failing_ranks == (1,)
+    assert executor.run(case_of("column", False, 2, seed=6)).outcome is Outcome.PASS
+    assert executor.pool_starts == 2
+
+
+def test_a_dying_rank_is_recorded_crashed_and_the_next_case_runs(executor_of, monkeypatch, tmp_path):
+    monkeypatch.setenv("TP_TEST_MARKER", str(tmp_path / "died"))
+    executor = executor_of("tp_fault_targets:Rank1DiesOnce")
+    died = executor.run(case_of("row", False, 2))
+    assert died.outcome is Outcome.BROKEN and died.kinds == (FailureKind.CRASHED,)
+    assert "rank 1 of 2 exited with status 3 while running this case" in died.message
+    assert executor.run(case_of("row", False, 2, seed=6)).outcome is Outcome.PASS
+
+
+def test_a_target_without_add_expand_is_not_supported_without_starting_ranks(executor_of):
+    executor = executor_of("tp_fault_targets:NoExpand")
+    result = executor.run(case_of("column", True, 2))
+    assert result.outcome is Outcome.NOT_SUPPORTED and "does not implement add_expand" in result.message
+    assert executor.pool_starts == 0
+
+
+def test_each_rank_gets_its_own_device_from_devices():
+    assert rank_devices(["4", "5", "6", "7"], "hpu", 2, None) == (["4", "5"], "HABANA_VISIBLE_MODULES")
+    assert rank_devices("auto", "cuda", 4, None) == (["0", "1", "2", "3"], "CUDA_VISIBLE_DEVICES")
+    assert rank_devices(None, "cpu", 4, None) == (None, None)
+    with pytest.raises(ValueError, match=r"tensor parallelism 4 runs one rank per device, but --devices lists 2 \(0,1\)"):
+        rank_devices(["0", "1"], "hpu", 4, None)

@@ -1,0 +1,69 @@
+"""Targets that get tensor-parallel LoRA wrong, each in one way, for tests/tp (loaded by name in each rank).
+
+Each is the golden reference with one method changed; the rank a target runs on is the process
+group's rank (``torch.distributed.get_rank()``), so a fault can hit one rank only, as a device
+fault on one card would.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch.distributed as dist
+
+from conformance.targets.reference import ReferenceTarget
+
+
+class IgnoresOffsetStart(ReferenceTarget):
+    """``add_expand`` writes every slice from column 0, whatever ``offset_start`` says: the fully sharded row
+    layer then piles every rank's LoRA-B columns onto rank 0's (a kernel that drops its ``slice_offset``)."""
+
+    name = "ignores-offset-start"
+
+    def add_expand(self, y, x, lora_b_stacked, output_slices, offset_start=0, add_inputs=True, **kwargs):
+        super().add_expand(y, x, lora_b_stacked, output_slices, 0, add_inputs, **kwargs)
+
+
+class ShrinksOnlyRankZero(ReferenceTarget):
+    """``add_shrink`` does nothing on ranks other than 0 (a device whose kernel silently skips work): only
+    rank 0's part of the LoRA rank (fully sharded column) or of the input features (row) reaches the output."""
+
+    name = "shrinks-only-rank-zero"
+
+    def add_shrink(self, y, x, lora_a_stacked, scale, **kwargs):
+        if dist.get_rank() == 0:
+            super().add_shrink(y, x, lora_a_stacked, scale, **kwargs)
+
+
+class Rank1HangsOnce(ReferenceTarget):
+    """Rank 1 blocks in its first ``add_lora_linear`` of the run (a device call that never returns)."""
+
+    name = "rank1-hangs-once"
+
+    def add_lora_linear(self, *args, **kwargs):
+        marker = os.environ.get("TP_TEST_MARKER")
+        if dist.get_rank() == 1 and marker and not os.path.exists(marker):  # only the first pool hangs
+            open(marker, "w").close()
+            time.sleep(3600)
+        super().add_lora_linear(*args, **kwargs)
+
+
+class Rank1DiesOnce(ReferenceTarget):
+    """Rank 1 exits from native code in its first ``add_lora_linear`` of the run (a driver abort)."""
+
+    name = "rank1-dies-once"
+
+    def add_lora_linear(self, *args, **kwargs):
+        marker = os.environ.get("TP_TEST_MARKER")
+        if dist.get_rank() == 1 and marker and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(3)
+        super().add_lora_linear(*args, **kwargs)
+
+
+class NoExpand(ReferenceTarget):
+    """A target without ``add_expand``: its TP cases are not supported, naming the method."""
+
+    name = "no-expand"
+    add_expand = None
