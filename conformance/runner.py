@@ -131,15 +131,29 @@ def oracle_delta(spec: OpSpec, case: Case, values: Tensors, reference: Reference
     return execute(spec, case, zeroed, reference, torch.device("cpu"), update_metadata=False)[spec.output]
 
 
-def describe_rows(rows: tuple[int, ...], row_slots: tuple[int, ...], limit: int = 8) -> str:
-    """"rows 3, 5 (slot −1, no adapter); row 7 (slot 2)": rows grouped by the slot they use."""
-    by_slot: dict[int, list[int]] = {}
+def oracle_magnitude(spec: OpSpec, case: Case, values: Tensors, reference: ReferenceTarget) -> torch.Tensor:
+    """The size of what each output element is summed from, in float64: the reference on the absolute
+    values of every floating input (the initial output included), ``|y| + |x|·|A|·|B|`` for a LoRA
+    linear. It bounds the oracle (``|o| ≤ m``) and is the scale rounding error is proportional to:
+    where the terms cancel (one token, rank 1: one dot product over thousands of features), a
+    correct target that sums in another order errs by ulps of ``m``, many ulps of ``|o|``. The
+    budget and the systematic-error noise model allow float32 accumulation error in ulps of it
+    (``conformance.verdict.tolerances``).
+    ``reference`` already holds the case's mapping."""
+    absolute = {name: value.abs() if value.is_floating_point() else value for name, value in _float64(values).items()}
+    return execute(spec, case, absolute, reference, torch.device("cpu"), update_metadata=False)[spec.output]
+
+
+def describe_rows(rows: tuple[int, ...], row_slots: tuple[int, ...], limit: int = 8, uncovered: frozenset[int] = frozenset()) -> str:
+    """"rows 3, 5 (slot −1, no adapter); row 7 (slot 2)": rows grouped by the slot they use; the rows
+    in ``uncovered`` (no sgmv segment covers them) as "(no segment)"."""
+    by_slot: dict[int | None, list[int]] = {}
     for row in rows:
-        by_slot.setdefault(row_slots[row], []).append(row)
+        by_slot.setdefault(None if row in uncovered else row_slots[row], []).append(row)
     parts = []
-    for slot, slot_rows in sorted(by_slot.items()):
+    for slot, slot_rows in sorted(by_slot.items(), key=lambda item: (item[0] is None, item[0] or 0)):
         shown = ", ".join(map(str, slot_rows[:limit])) + (", …" if len(slot_rows) > limit else "")
-        label = "slot -1, no adapter" if slot == -1 else f"slot {slot}"
+        label = "no segment" if slot is None else "slot -1, no adapter" if slot == -1 else f"slot {slot}"
         parts.append(f"row{'s' if len(slot_rows) > 1 else ''} {shown} ({label})")
     return "; ".join(parts)
 
@@ -187,12 +201,14 @@ def run_case(target: Target, case: Case, case_id: str | None = None, values: Ten
     oracle = execute(spec, case, _float64(values), reference, cpu)[spec.output]
     baseline = execute(spec, case, values, reference, cpu, update_metadata=False)[spec.output]
     delta = oracle_delta(spec, case, values, reference)
-    verdict = judge(after[spec.output], oracle, baseline, values[spec.output], spec.written_mask(case), delta)
+    magnitude = oracle_magnitude(spec, case, values, reference)
+    verdict = judge(after[spec.output], oracle, baseline, values[spec.output], spec.written_mask(case), delta, magnitude)
     changed = modified_inputs(spec, values, after)
     if verdict.passed and not changed:
         return CaseResult(case_id, case, Outcome.PASS, "", verdict.measurement, features, seconds)
     row_slots = spec.row_slots(case)
-    details = [f"{p.text}: {describe_rows(p.rows, row_slots)}" if p.rows else p.text for p in verdict.problems]
+    uncovered = frozenset(row for row, covered in enumerate(case.covered_rows) if not covered) if spec.rows == "tokens" else frozenset()
+    details = [f"{p.text}: {describe_rows(p.rows, row_slots, uncovered=uncovered)}" if p.rows else p.text for p in verdict.problems]
     details += [f"modified its input {name!r}, which every op must only read" for name in changed]
     failing_slots = tuple(sorted({row_slots[row] for p in verdict.problems for row in p.rows}))
     failing_slices = tuple(sorted({s for p in verdict.problems for s in slices_hit(case, after[spec.output], p)}))

@@ -39,7 +39,7 @@ from conformance.cases.case import DTYPES, Case
 from conformance.generator.limits import STANDARD_LIMITS
 from conformance.generator.profiles import profile_cases
 from conformance.ops import OP_SPECS
-from conformance.runner import _float64, execute, make_values, oracle_delta
+from conformance.runner import _float64, execute, make_values, oracle_delta, oracle_magnitude
 from conformance.targets.reference import ReferenceTarget
 from conformance.targets.registry import load
 from conformance.verdict import FailureKind, judge
@@ -120,13 +120,14 @@ def measure(cases_of_seed, seeds: list[int]) -> tuple[dict[tuple[str, str], Tall
             oracle = execute(spec, case, _float64(values), reference, cpu)[spec.output]
             baseline = execute(spec, case, values, reference, cpu, update_metadata=False)[spec.output]
             delta = oracle_delta(spec, case, values, reference)
+            magnitude = oracle_magnitude(spec, case, values, reference)
             initial, written = values[spec.output], spec.written_mask(case)
             results = [("reference", baseline)]
             for target, ops in targets:
                 if (ops is None or case.op in ops) and target.unsupported_reason(case) is None:
                     results.append((target.name, execute(spec, case, values, target, target.device)[spec.output]))
             for name, actual in results:
-                verdict = judge(actual, oracle, baseline, initial, written, delta)
+                verdict = judge(actual, oracle, baseline, initial, written, delta, magnitude)
                 where = f"seed{seed}:{case_id}"
                 if not verdict.passed:
                     kinds = ", ".join(problem.kind.value for problem in verdict.problems)

@@ -23,10 +23,12 @@ def test_ops_smoke_test_writes_a_table_for_every_implementation(tmp_path):
     assert "error²" not in text.split("¹ not run")[0]  # every implementation ran every tiny workload
 
 
-def test_suite_plan_covers_both_parts_cold_and_warm():
+def test_suite_plan_covers_every_part_cold_and_warm():
     runs = suite.plan(("smoke", "release"))
     assert {(r.part, r.cache) for r in runs if r.profile == "smoke"} == {
-        ("all", "cold"), ("op cases", "warm"), ("end-to-end", "warm")}
+        ("all", "cold"), ("op cases", "warm"), ("end-to-end", "warm"), ("tensor-parallel", "warm")}
+    tp = next(r for r in runs if r.part == "tensor-parallel")
+    assert tp.command().endswith('-m "tp"') and "not tp" in next(r for r in runs if r.part == "op cases").command()
     assert {r.workers for r in runs if r.profile == "release"} == {2}
     assert runs[0].command() == "pytest conformance --target=hpu-emulated --profile=smoke -n 2"
 
@@ -43,10 +45,11 @@ def test_suite_report_from_recorded_runs():
         (suite.SuiteRun("smoke", 2, "op cases", "warm"), {"wall_s": 30.0, "cases": 741, "exit": 0}),
         (suite.SuiteRun("smoke", 2, "end-to-end", "warm"), {"wall_s": 20.0, "cases": 19, "exit": 0}),
         (suite.SuiteRun("standard", 2, "op cases", "warm"), {"wall_s": 60.0, "cases": 2223, "exit": 0}),
+        (suite.SuiteRun("standard", 2, "tensor-parallel", "warm"), {"wall_s": 40.0, "cases": 96, "exit": 0}),
     ]
     text = "\n".join(suite.report(measured, "python -m benchmarks suite", ["- machine"]))
     assert "smoke ≤ 60 s with `-n 2`" in text and "met" in text
-    assert "2223 op cases" in text
+    assert "2223 op cases" in text and "96 tensor-parallel cases" in text
 
 
 def test_moe_smoke_test_writes_a_table_for_every_shape_and_implementation(tmp_path):

@@ -293,3 +293,26 @@ def test_the_public_surface_lists_every_export_and_each_resolves():
 
     assert sorted(conformance.__all__) == sorted(["__version__", *conformance._EXPORTS])
     assert all(getattr(conformance, name) is not None for name in conformance.__all__)
+
+
+def test_failing_rows_are_named_by_slot_and_rows_no_segment_covers_as_such():
+    from conformance.runner import describe_rows
+
+    slots = (0, 0, -1, -1, 2, -1)
+    assert describe_rows((0, 2, 4), slots) == "row 2 (slot -1, no adapter); row 0 (slot 0); row 4 (slot 2)"
+    assert describe_rows((2, 3, 5), slots, uncovered=frozenset({5})) == "rows 2, 3 (slot -1, no adapter); row 5 (no segment)"
+
+
+def test_a_sgmv_fault_that_stores_uncovered_rows_names_them_as_no_segment():
+    from fault_targets import SgmvStoresUncoveredRows
+
+    from conformance.generator.profiles import profile_cases
+    from conformance.runner import run_case
+
+    cases = [
+        (case_id, case) for case_id, case in profile_cases("smoke", 0)
+        if case.op == "sgmv_expand" and not all(case.covered_rows) and case.add_inputs is False
+    ]
+    assert cases
+    messages = [run_case(SgmvStoresUncoveredRows(), case, case_id).message for case_id, case in cases]
+    assert any("(no segment)" in message for message in messages), messages

@@ -5,11 +5,15 @@
 * baseline: the same tensor-parallel composition (``conformance.tp.composition``) run by the reference
   in the case dtype, every rank a thread, the collectives summing in the dtype: the partial sums and
   roundings a correct target may show;
+* the unsharded layer's delta and magnitude in float64, so the systematic-error rule and the
+  budget's scale read a layer as they read an op case;
 * ``conformance.verdict.judge`` decides, with every row of an adapter written and every row of slot
   −1 bit for bit untouched. A failure names the rows by slot and the columns by the rank that owns them.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
@@ -33,6 +37,18 @@ def oracle_output(case: TPCase, tensors: LayerTensors) -> torch.Tensor:
     y = exact.y.clone()
     reference.add_lora_linear(y, exact.x, exact.lora_a, exact.lora_b, case.scale, case.output_slices)
     return y
+
+
+def oracle_delta(case: TPCase, tensors: LayerTensors) -> torch.Tensor:
+    """What the unsharded layer adds, in float64 (the output zeroed): the verdict's systematic-error rule
+    fits the error against it, as ``conformance.runner.oracle_delta`` does for op cases."""
+    return oracle_output(case, replace(tensors, y=torch.zeros_like(tensors.y)))
+
+
+def oracle_magnitude(case: TPCase, tensors: LayerTensors) -> torch.Tensor:
+    """``|y| + |x|·|A|·|B|`` in float64: the size of the terms each output element sums, which the
+    budget's floor and cap are read against (``conformance.runner.oracle_magnitude``)."""
+    return oracle_output(case, tensors.map(torch.abs))
 
 
 def baseline_output(case: TPCase, tensors: LayerTensors) -> torch.Tensor:
@@ -91,7 +107,10 @@ def failing_ranks(case: TPCase, columns: tuple[int, ...]) -> tuple[int, ...]:
 def judge_output(case: TPCase, actual: torch.Tensor, tensors: LayerTensors | None = None):
     """``(verdict, message, failing_slots, failing_ranks, kinds)`` for the gathered ``actual``."""
     tensors = tensors or layer_tensors(case)
-    verdict = judge(actual, oracle_output(case, tensors), baseline_output(case, tensors), tensors.y, written_mask(case))
+    verdict = judge(
+        actual, oracle_output(case, tensors), baseline_output(case, tensors), tensors.y, written_mask(case),
+        oracle_delta(case, tensors), oracle_magnitude(case, tensors),
+    )
     if verdict.passed:
         return verdict, "", (), (), ()
     row_slots = case.token_slots

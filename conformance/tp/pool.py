@@ -105,15 +105,15 @@ class RankPool:
         replies = self._collect(START_TIMEOUT, "loading the target and joining the process group", "the rank start-up limit")
         self.device = replies[0]
 
-    def run(self, case, timeout: float | None):
-        """Rank 0's output for ``case``; raises :class:`RankFailure` (and ends the pool) when a rank fails."""
+    def run(self, case, timeout: float | None) -> list:
+        """Every rank's answer to ``case``, by rank; raises :class:`RankFailure` (and ends the pool) when a rank fails."""
         self.start()
         for member in self._ranks:
             try:
                 member.send(("case", case))
             except OSError:
                 pass  # it died between cases: _collect reports it
-        return self._collect(timeout, "running this case", "--case-timeout")[0]
+        return self._collect(timeout, "running this case", "--case-timeout")
 
     def _collect(self, timeout: float | None, doing: str, limit: str) -> list:
         """Every rank's answer, by rank; on any failure the pool is ended and :class:`RankFailure` raised."""

@@ -4,14 +4,15 @@ It loads the target by name (``conformance.targets.registry``), joins the pool's
 process group (gloo on the CPU, nccl on CUDA, hccl on Gaudi: the target's device type decides), and
 then runs its shard of every case its parent (``conformance.tp.pool``) sends: ``update_metadata`` with
 the case's mapping, the layer's composition (``conformance.tp.composition``) with the target's wrapper
-methods and the process group's collectives. Rank 0 answers with the gathered output, the others
-with ``None``; an exception is answered with its text (the parent decides the outcome). Like the op
+methods (watched for writes into their inputs, ``conformance.tp.inputs``) and the process group's
+collectives. Each rank answers with the gathered output (rank 0; the others ``None``) and the inputs
+its calls modified; an exception is answered with its text (the parent decides the outcome). Like the op
 worker (``conformance.isolation.child``) it dies with its parent and dumps its Python stacks into the
 stack file on a fatal signal or on SIGUSR1, which the parent sends to a rank that hangs.
 
 Messages (pickled, one pipe each way): the parent's configuration dict, answered ``("ready", device
-description)`` or ``("raise", text)``; then each ``("case", TPCase)`` is answered ``("ok", tensor or
-None)``, ``("not_supported", text)`` (NotImplementedError) or ``("raise", text)``; ``("exit", None)`` ends it.
+description)`` or ``("raise", text)``; then each ``("case", TPCase)`` is answered ``("ok", (tensor or
+None, [modified inputs]))``, ``("not_supported", text)`` (NotImplementedError) or ``("raise", text)``; ``("exit", None)`` ends it.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def main(argv: list[str]) -> int:
 
     from .collectives import ProcessGroupCollectives
     from .composition import run_rank
+    from .inputs import ReadOnlyInputs
     from .values import layer_tensors
 
     rank, world_size = config["rank"], config["world_size"]
@@ -88,13 +90,14 @@ def main(argv: list[str]) -> int:
             break
         try:
             target.update_metadata(case_mapping(case))
-            output = run_rank(case, layer_tensors(case), target, collectives, rank, target.device)
+            watched = ReadOnlyInputs(target)
+            output = run_rank(case, layer_tensors(case), watched, collectives, rank, target.device)
         except NotImplementedError as exc:
             reply("not_supported", _error_text(exc))
         except Exception as exc:  # noqa: BLE001 - any exception from the target is the broken outcome
             reply("raise", _error_text(exc))
         else:
-            reply("ok", output if rank == 0 else None)
+            reply("ok", (output if rank == 0 else None, watched.modified))
     dist.destroy_process_group()
     return 0
 

@@ -18,7 +18,8 @@ import torch
 from conformance.ops import Level
 from conformance.runner import CaseResult
 from conformance.targets import resolve
-from conformance.verdict import Outcome
+from conformance.verdict import FailureKind, Outcome
+from conformance.verdict.failure_kind import ordered
 
 from .case import TPCase
 from .composition import REQUIRED_WRAPPER_METHODS
@@ -118,7 +119,7 @@ class TPExecutor:
                             failing_ranks=failure.ranks)
         self.pool_starts += starting
         try:
-            output = pool.run(case, self.case_timeout)
+            answers = pool.run(case, self.case_timeout)
         except RankFailure as failure:
             seconds = time.perf_counter() - started
             if failure.kind is None:
@@ -126,9 +127,16 @@ class TPExecutor:
             return TPResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features, seconds=seconds,
                             kinds=(failure.kind,), failing_ranks=failure.ranks)
         seconds = time.perf_counter() - started
+        output = answers[0][0]
+        modified = [(rank, text) for rank, (_, texts) in enumerate(answers) for text in texts]
         verdict, message, slots, ranks, kinds = judge_output(case, output)
-        if verdict.passed:
+        if verdict.passed and not modified:
             return TPResult(case.case_id, case, Outcome.PASS, "", verdict.measurement, features, seconds)
+        if modified:
+            details = [f"rank {rank}: {text}, which every wrapper method must only read" for rank, text in modified]
+            message = "; ".join(([message] if message else []) + details)
+            kinds = ordered((*kinds, FailureKind.MODIFIED_INPUT))
+            ranks = tuple(sorted({*ranks, *(rank for rank, _ in modified)}))
         return TPResult(case.case_id, case, Outcome.FAIL, message, verdict.measurement, features, seconds, slots,
                         kinds=kinds, failing_ranks=ranks)
 

@@ -10,6 +10,7 @@ keep; slots no token uses still hold non-zero weights, so a row reading the wron
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,8 +32,12 @@ class LayerTensors:
     lora_b: Stacks
     y: torch.Tensor
 
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> LayerTensors:
+        """Every tensor through ``fn``."""
+        return LayerTensors(fn(self.x), tuple(map(fn, self.lora_a)), tuple(map(fn, self.lora_b)), fn(self.y))
+
     def to(self, dtype: torch.dtype) -> LayerTensors:
-        return LayerTensors(self.x.to(dtype), tuple(a.to(dtype) for a in self.lora_a), tuple(b.to(dtype) for b in self.lora_b), self.y.to(dtype))
+        return self.map(lambda tensor: tensor.to(dtype))
 
 
 def layer_tensors(case: TPCase) -> LayerTensors:

@@ -9,6 +9,10 @@ Inputs (all the op's output tensor, same shape):
   ``delta``    (optional) the oracle's delta: the float64 reference on the same inputs with the output
                zeroed, i.e. what the op adds (or, for an op that overwrites, writes). Given, the
                error's systematic part is judged too (``systematic``); without it only the budget is.
+  ``magnitude`` (optional) the float64 reference on the absolute values of the inputs: the size of
+               the terms each element sums (``≥ |oracle|``). Given, the budget's floor also allows
+               float32 accumulation error in ulps of its largest value (``tolerances``): a dot
+               product that cancels errs by ulps of its terms in any correct summation order.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class Measurement:
     budget_ratio: float  # max_abs_error / budget: ≤ 1 passes
     output_scale: float
     checked_elements: int
+    operand_scale: float | None = None  # max |base| + |delta| (max |oracle| without a delta): floor and cap scale
+    magnitude_scale: float | None = None  # max of the magnitude (the size of the terms summed); None without one
     # the systematic part of the error (conformance.verdict.systematic); None without a delta to fit
     delta_bias: float | None = None  # α: the error's least-squares multiple of the delta
     delta_bias_se: float | None = None  # SE(α) under the rounding noise model
@@ -85,6 +91,7 @@ def judge(
     initial: torch.Tensor,
     written: torch.Tensor,
     delta: torch.Tensor | None = None,
+    magnitude: torch.Tensor | None = None,
 ) -> Verdict:
     if actual.shape != oracle.shape or actual.dtype != initial.dtype:
         problem = (
@@ -111,13 +118,19 @@ def judge(
     scale = scale if scale > 0 else 1.0
     error = max_abs_error(a, o)
     baseline_error = max_abs_error(b, o)
-    floor = tol.floor_ulps * torch.finfo(actual.dtype).eps * scale
-    budget = tol.k * baseline_error + floor
-    cap = tol.rtol * scale
-    systematic = None
+    d = m = None
     if delta is not None:
-        d, rows = delta[written].double()[finite], row_groups(written)[finite]
-        systematic = _systematic(a, o, b, d, rows, actual.dtype)
+        d = delta[written].double()[finite]
+    if magnitude is not None:
+        m = magnitude[written].double()[finite]
+    operands = max(_largest((o - d).abs() + d.abs()), scale) if d is not None else scale  # |base| + |delta|
+    terms = _largest(m) if m is not None else None
+    # float32 accumulation inside the dot products, in ulps of their terms (any output dtype)
+    accumulation = tol.accumulation_ulps * torch.finfo(torch.float32).eps * terms if terms is not None else 0.0
+    floor = tol.floor_ulps * torch.finfo(actual.dtype).eps * operands + accumulation
+    budget = tol.k * baseline_error + floor
+    cap = tol.rtol * operands + accumulation
+    systematic = _systematic(a, o, b, d, m, row_groups(written)[finite], actual.dtype) if d is not None else None
     measurement = Measurement(
         max_abs_error=error,
         scaled_error=error / scale,
@@ -128,6 +141,8 @@ def judge(
         budget_ratio=error / min(budget, cap),
         output_scale=scale,
         checked_elements=int(written.sum()),
+        operand_scale=operands,
+        magnitude_scale=terms,
         **(systematic.fields() if systematic else {}),
     )
     if error > budget or error > cap:
@@ -152,6 +167,12 @@ def judge(
         # the kinds it had (an expectations entry that lists ``numerics`` still covers it).
         problems.append(Problem(FailureKind.SYSTEMATIC, systematic.text()))
     return Verdict(tuple(problems), measurement)
+
+
+def _largest(values: torch.Tensor) -> float:
+    """The largest finite value (0 if none): a −inf logit's magnitude says nothing of the terms."""
+    values = values[torch.isfinite(values)]
+    return float(values.max()) if values.numel() else 0.0
 
 
 @dataclass(frozen=True)
@@ -187,13 +208,13 @@ class _Systematic:
         )
 
 
-def _systematic(a, o, b, d, rows, dtype: torch.dtype) -> _Systematic | None:
+def _systematic(a, o, b, d, m, rows, dtype: torch.dtype) -> _Systematic | None:
     """The bias along the delta ``d`` of the result ``a``'s error and of the baseline ``b``'s (1-D, over
-    the written elements where the result and the oracle ``o`` are finite), and the dtype's threshold;
-    None where the delta is zero (nothing to be proportional to)."""
-    target = delta_bias(a - o, d, o, rows, dtype)
+    the written elements where the result and the oracle ``o`` are finite; ``m`` the magnitude there, or
+    None), and the dtype's threshold; None where the delta is zero (nothing to be proportional to)."""
+    target = delta_bias(a - o, d, o, rows, dtype, m)
     if target is None:
         return None
-    baseline = delta_bias((b - o).nan_to_num(0.0, 0.0, 0.0), d, o, rows, dtype)  # a baseline that overflowed
+    baseline = delta_bias((b - o).nan_to_num(0.0, 0.0, 0.0), d, o, rows, dtype, m)  # a baseline that overflowed
     rule = systematic_threshold_for(dtype)
     return _Systematic(target, baseline, max(rule.min_bias, rule.z * target.standard_error), rule.min_bias, rule.z)

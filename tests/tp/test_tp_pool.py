@@ -65,6 +65,23 @@ def test_a_shrink_that_runs_on_rank_0_only_fails_the_fully_sharded_column_layer(
     assert result.outcome is Outcome.FAIL and FailureKind.NUMERICS in result.kinds
 
 
+def test_a_delta_two_percent_high_on_one_rank_is_a_systematic_error_of_the_layer(executor_of):
+    case = TPCase("column", False, 2, "bfloat16", seq_lens=(24, 8, 16), seq_slots=(1, -1, 0), num_slots=2,
+                  max_rank=16, hidden_size=256, output_slices=(128,), scale=1.0, seed=3)
+    result = executor_of("tp_fault_targets:Rank1DeltaTwoPercentHigh").run(case)
+    assert result.outcome is Outcome.FAIL and result.kinds == (FailureKind.SYSTEMATIC,), result.message
+    assert result.measurement.budget_ratio < 1  # the elementwise budget alone lets it through
+    assert "systematic error in the delta" in result.message
+
+
+def test_a_rank_that_writes_into_an_input_fails_naming_rank_method_and_argument(executor_of):
+    executor = executor_of("tp_fault_targets:Rank1ExpandClearsItsBuffer")
+    result = executor.run(case_of("merged_column", True, 2))  # fully sharded: add_expand reads the gathered buffer
+    assert result.outcome is Outcome.FAIL and result.kinds == (FailureKind.MODIFIED_INPUT,), result.message
+    assert result.failing_ranks == (1,) and "rank 1: add_expand modified its input 'x'" in result.message
+    assert executor.run(case_of("merged_column", False, 2)).outcome is Outcome.PASS  # add_lora_linear only: no add_expand
+
+
 def test_a_hanging_rank_is_timed_out_and_the_next_case_runs_on_a_new_pool(executor_of, monkeypatch, tmp_path):
     monkeypatch.setenv("TP_TEST_MARKER", str(tmp_path / "hung"))
     executor = executor_of("tp_fault_targets:Rank1HangsOnce", case_timeout=3)

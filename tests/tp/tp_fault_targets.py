@@ -36,6 +36,31 @@ class ShrinksOnlyRankZero(ReferenceTarget):
             super().add_shrink(y, x, lora_a_stacked, scale, **kwargs)
 
 
+class Rank1DeltaTwoPercentHigh(ReferenceTarget):
+    """On rank 1, ``add_lora_linear`` adds its LoRA delta 2 % too large (a device that mis-scales one card's
+    epilogue): small enough to stay inside the elementwise budget, along the delta everywhere rank 1 writes."""
+
+    name = "rank1-delta-two-percent-high"
+
+    def add_lora_linear(self, y, *args, **kwargs):
+        before = y.clone()
+        super().add_lora_linear(y, *args, **kwargs)
+        if dist.get_rank() == 1:
+            y.copy_(before + (y.double() - before.double()) * 1.02)
+
+
+class Rank1ExpandClearsItsBuffer(ReferenceTarget):
+    """On rank 1, ``add_expand`` zeroes the shrink buffer it reads after using it (scratch reuse in a
+    kernel): the layer's output is right, but an input every wrapper method must only read was written."""
+
+    name = "rank1-expand-clears-its-buffer"
+
+    def add_expand(self, y, x, *args, **kwargs):
+        super().add_expand(y, x, *args, **kwargs)
+        if dist.get_rank() == 1:
+            x.zero_()
+
+
 class Rank1HangsOnce(ReferenceTarget):
     """Rank 1 blocks in its first ``add_lora_linear`` of the run (a device call that never returns)."""
 
