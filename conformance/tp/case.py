@@ -44,6 +44,7 @@ class TPCase:
     is_prefill: bool = True
     seed: int = 0
     family: str = "random"  # what the case was drawn for (the report's family column)
+    kv_replicas: int = 1  # QKV only: ranks sharing each kv head (vLLM's num_kv_head_replicas, when tp > kv heads)
 
     def __post_init__(self) -> None:
         problems = self._problems()
@@ -66,17 +67,25 @@ class TPCase:
             problems.append(f"output_slices {self.output_slices}: a {self.layer} layer has {SLICES_OF_LAYER[self.layer]} slice(s)")
         if self.layer == "qkv" and len(self.output_slices) == 3 and self.output_slices[1] != self.output_slices[2]:
             problems.append(f"output_slices {self.output_slices}: k and v have the same width in a QKV layer")
-        for name, value in self._divided_widths():
-            if value < self.tp_size or value % self.tp_size:
-                problems.append(f"{name} = {value} must be a positive multiple of tp_size {self.tp_size} (vLLM divides it across the ranks)")
+        if not isinstance(self.kv_replicas, int) or self.kv_replicas < 1:
+            return problems + [f"kv_replicas must be an integer >= 1, got {self.kv_replicas!r}"]
+        if self.kv_replicas > 1 and (self.layer != "qkv" or self.tp_size % self.kv_replicas):
+            problems.append(f"kv_replicas {self.kv_replicas}: only a QKV layer replicates kv heads, over a tp_size "
+                            f"({self.tp_size}) it divides")
+            return problems
+        for name, value, parts in self._divided_widths():
+            if value < parts or value % parts:
+                what = f"tp_size {parts}" if parts == self.tp_size else f"tp_size / kv_replicas = {parts}"
+                problems.append(f"{name} = {value} must be a positive multiple of {what} (vLLM divides it across the ranks)")
         return problems
 
-    def _divided_widths(self) -> list[tuple[str, int]]:
-        """The widths this layer splits across the ranks (named as the case's fields)."""
+    def _divided_widths(self) -> list[tuple[str, int, int]]:
+        """The widths this layer splits across the ranks (named as the case's fields), and into how many parts."""
         if self.layer == "row":
-            return [("hidden_size", self.hidden_size)] + ([("output_slices[0]", self.output_slices[0])] if self.fully_sharded else [])
-        widths = [(f"output_slices[{s}]", n) for s, n in enumerate(self.output_slices)]
-        return widths + ([("max_rank", self.max_rank)] if self.fully_sharded else [])
+            widths = [("hidden_size", self.hidden_size, self.tp_size)]
+            return widths + ([("output_slices[0]", self.output_slices[0], self.tp_size)] if self.fully_sharded else [])
+        widths = [(f"output_slices[{s}]", n, parts) for s, (n, parts) in enumerate(zip(self.output_slices, self.slice_shards))]
+        return widths + ([("max_rank", self.max_rank, self.tp_size)] if self.fully_sharded else [])
 
     # -- derived ------------------------------------------------------------------------------
 
@@ -88,6 +97,19 @@ class TPCase:
     @property
     def num_slices(self) -> int:
         return len(self.output_slices)
+
+    @property
+    def slice_shards(self) -> tuple[int, ...]:
+        """Into how many shards each output slice is cut: ``tp_size``, but ``tp_size / kv_replicas`` for k and v
+        of a QKV layer whose kv heads are replicated (vLLM's ``MergedQKVParallelLinearWithLoRA``)."""
+        if self.kv_replicas == 1:
+            return (self.tp_size,) * self.num_slices
+        return (self.tp_size, self.tp_size // self.kv_replicas, self.tp_size // self.kv_replicas)
+
+    def shard_of(self, s: int, rank: int) -> int:
+        """Which shard of slice ``s`` ``rank`` holds: its rank, or for replicated k and v its ``kv_shard_id``
+        (``rank // kv_replicas``: ranks 0 and 1 share kv head 0 when two ranks share each head)."""
+        return rank if self.slice_shards[s] == self.tp_size else rank // self.kv_replicas
 
     @property
     def output_width(self) -> int:
@@ -108,7 +130,8 @@ class TPCase:
     @cached_property
     def case_id(self) -> str:
         sharding = "-fully_sharded" if self.fully_sharded else ""
-        return f"tp{self.tp_size}-{self.layer}{sharding}-{SHORT_DTYPE[self.dtype]}-{self.family}"
+        replicated = f"-kv_replicas{self.kv_replicas}" if self.kv_replicas > 1 else ""
+        return f"tp{self.tp_size}-{self.layer}{sharding}{replicated}-{SHORT_DTYPE[self.dtype]}-{self.family}"
 
     def features(self) -> frozenset[str]:
         """Names the expectations and the report match on: the TP size, the sharding, and the batch's rows."""
@@ -116,6 +139,7 @@ class TPCase:
         found = {
             f"tp{self.tp_size}": True,
             "fully_sharded": self.fully_sharded,
+            "kv_replicated": self.kv_replicas > 1,
             "neg1": -1 in self.seq_slots and bool(used),
             "allneg1": not used,
             "last_slot": self.num_slots - 1 in used,
@@ -161,7 +185,7 @@ class TPCase:
 _FIELD_TYPES = {
     "layer": str, "fully_sharded": bool, "tp_size": int, "dtype": str, "seq_lens": "ints", "seq_slots": "ints",
     "num_slots": int, "max_rank": int, "hidden_size": int, "output_slices": "ints", "scale": float,
-    "is_prefill": bool, "seed": int, "family": str,
+    "is_prefill": bool, "seed": int, "family": str, "kv_replicas": int,
 }
 
 

@@ -5,7 +5,8 @@ target's ``add_shrink`` / ``add_expand`` / ``add_lora_linear``) and the collecti
 ranks (``conformance.tp.collectives``). Each returns the layer's *unsharded* output (every rank the
 same), which is what the suite judges: the column layers' outputs are gathered (vLLM's
 ``gather_output``) and put back slice by slice, the row layers' outputs are all-reduced (vLLM's
-``reduce_results``). ``docs/tensor-parallel.md`` gives the math and the vLLM functions each follows.
+``reduce_results``). Where ranks share a kv head (``kv_replicas`` > 1), each replica group's copy
+of k and v makes an output of its own, so a leading dimension holds one per group. ``docs/tensor-parallel.md`` gives the math and the vLLM functions each follows.
 
 The base layer's output (``y`` before the delta) is split as vLLM's base layers leave it: the column
 layers' rank holds its columns; the row layers' partial sums are all on rank 0 (the other ranks hold
@@ -29,15 +30,17 @@ def _buffer_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def _local_slices(case: TPCase) -> tuple[int, ...]:
-    return tuple(width // case.tp_size for width in case.output_slices)
+    return tuple(width // shards for width, shards in zip(case.output_slices, case.slice_shards))
 
 
 def _gathered_columns(case: TPCase, local: torch.Tensor, collectives, initial: torch.Tensor) -> torch.Tensor:
-    """All-gather the ranks' packed column outputs (rank-major) and put each rank's slices in their place."""
+    """All-gather the ranks' packed column outputs (rank-major) and put each rank's slices in their place:
+    ``[kv_replicas, T, Σ N_s]``, one unsharded output per replica group (each rank's copy of a
+    replicated kv head is judged, not just one of them)."""
     gathered = collectives.all_gather(local, dim=-1)
     width = local.size(-1)
     shards = [gathered[:, r * width : (r + 1) * width] for r in range(case.tp_size)]
-    return place_column_shards(case, shards, initial)
+    return torch.stack([place_column_shards(case, shards, initial, replica) for replica in range(case.kv_replicas)])
 
 
 def column_parallel(case: TPCase, t: LayerTensors, wrapper, collectives, rank: int) -> torch.Tensor:
@@ -76,7 +79,7 @@ def row_parallel(case: TPCase, t: LayerTensors, wrapper, collectives, rank: int)
     ``add_lora_linear`` adds a partial delta to its partial output; the outputs all-reduced."""
     x, lora_a, y = _row_inputs(case, t, rank)
     wrapper.add_lora_linear(y, x, lora_a, t.lora_b, case.scale, case.output_slices)
-    return collectives.all_reduce(y)
+    return collectives.all_reduce(y)[None]
 
 
 def row_parallel_fully_sharded(case: TPCase, t: LayerTensors, wrapper, collectives, rank: int) -> torch.Tensor:
@@ -90,7 +93,7 @@ def row_parallel_fully_sharded(case: TPCase, t: LayerTensors, wrapper, collectiv
     buffer = collectives.all_reduce(buffer)
     shard = case.output_slices[0] // case.tp_size
     wrapper.add_expand(y, buffer, lora_b_rows(t.lora_b, case, rank), (shard,), rank * shard, True)
-    return collectives.all_reduce(y)
+    return collectives.all_reduce(y)[None]
 
 
 def composition(case: TPCase):
@@ -101,7 +104,8 @@ def composition(case: TPCase):
 
 
 def run_rank(case: TPCase, tensors: LayerTensors, wrapper, collectives, rank: int, device: torch.device) -> torch.Tensor:
-    """One rank's part of ``case`` on ``device`` (``update_metadata`` already called); the unsharded output, on the CPU."""
+    """One rank's part of ``case`` on ``device`` (``update_metadata`` already called); the unsharded output
+    of each replica group, ``[kv_replicas, T, Σ N_s]`` (one group but for replicated kv heads), on the CPU."""
     on_device = LayerTensors(
         tensors.x.to(device), tuple(a.to(device) for a in tensors.lora_a), tuple(b.to(device) for b in tensors.lora_b), tensors.y.to(device)
     )

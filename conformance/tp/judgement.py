@@ -26,7 +26,7 @@ from conformance.verdict.failure_kind import ordered
 from .case import TPCase
 from .collectives import run_in_threads
 from .composition import run_rank
-from .values import LayerTensors, layer_tensors, rank_columns
+from .values import LayerTensors, layer_tensors, rank_columns, replica_ranks
 
 
 def oracle_output(case: TPCase, tensors: LayerTensors) -> torch.Tensor:
@@ -52,7 +52,8 @@ def oracle_magnitude(case: TPCase, tensors: LayerTensors) -> torch.Tensor:
 
 
 def baseline_output(case: TPCase, tensors: LayerTensors) -> torch.Tensor:
-    """The composition run by the reference in the case dtype, the ranks as threads of this process."""
+    """The composition run by the reference in the case dtype, the ranks as threads of this process:
+    ``[kv_replicas, T, Σ N_s]``, as ``composition.run_rank`` gives it."""
     def one_rank(rank: int, collectives) -> torch.Tensor:
         reference = PunicaWrapperReference()
         reference.update_metadata(case_mapping(case))
@@ -67,16 +68,27 @@ def written_mask(case: TPCase) -> torch.Tensor:
     return rows[:, None].expand(case.num_tokens, case.output_width).clone()
 
 
-def describe_columns(case: TPCase, columns: tuple[int, ...], limit: int = 6) -> str:
-    """"columns 8–15 (slice 1, rank 1)": which slice each column is in, and which rank's shard computes it."""
+def _column_owners(case: TPCase, replica: int) -> list[tuple[int, int, int, int]]:
+    """``(rank, slice, start, end)`` of every rank's columns in replica group ``replica``'s output."""
+    owners = set(replica_ranks(case, replica))
+    return [
+        (rank, s, start, end)
+        for rank in range(case.tp_size)
+        for s, (start, end) in enumerate(rank_columns(case, rank))
+        if case.slice_shards[s] == case.tp_size or rank in owners
+    ]
+
+
+def describe_columns(case: TPCase, columns: tuple[int, ...], limit: int = 6, replica: int = 0) -> str:
+    """"columns 8–15 (slice 1, rank 1)": which slice each column is in, and which rank's shard computes it
+    (in replica group ``replica``'s output, where ranks share kv heads)."""
     if case.layer == "row" and not case.fully_sharded:
         return f"columns {_ranges(columns, limit)} (every rank adds a partial delta to every column)"
     owner: dict[tuple[int, int], list[int]] = {}  # (rank, slice) → columns
     for column in columns:
-        for rank in range(case.tp_size):
-            for s, (start, end) in enumerate(rank_columns(case, rank)):
-                if start <= column < end:
-                    owner.setdefault((rank, s), []).append(column)
+        for rank, s, start, end in _column_owners(case, replica):
+            if start <= column < end:
+                owner.setdefault((rank, s), []).append(column)
     parts = []
     for (rank, s), cols in sorted(owner.items()):
         where = f"slice {s}, rank {rank}" if case.num_slices > 1 else f"rank {rank}"
@@ -95,30 +107,33 @@ def _ranges(columns, limit: int) -> str:
     return ", ".join(shown) + (", …" if len(runs) > limit else "")
 
 
-def failing_ranks(case: TPCase, columns: tuple[int, ...]) -> tuple[int, ...]:
+def failing_ranks(case: TPCase, columns: tuple[int, ...], replica: int = 0) -> tuple[int, ...]:
     """The ranks whose columns show a problem (every rank for a row layer that is not fully sharded)."""
     if case.layer == "row" and not case.fully_sharded:
         return tuple(range(case.tp_size)) if columns else ()
-    return tuple(
-        rank for rank in range(case.tp_size) if any(start <= c < end for start, end in rank_columns(case, rank) for c in columns)
-    )
+    return tuple(sorted({rank for rank, _, start, end in _column_owners(case, replica) if any(start <= c < end for c in columns)}))
 
 
 def judge_output(case: TPCase, actual: torch.Tensor, tensors: LayerTensors | None = None):
-    """``(verdict, message, failing_slots, failing_ranks, kinds)`` for the gathered ``actual``."""
+    """``(verdict, message, failing_slots, failing_ranks, kinds)`` for the gathered ``actual``
+    (``[kv_replicas, T, Σ N_s]``): every replica group's output is judged; the verdict returned is the
+    first failing one's (else the first's), the message, slots, ranks and kinds cover them all."""
     tensors = tensors or layer_tensors(case)
-    verdict = judge(
-        actual, oracle_output(case, tensors), baseline_output(case, tensors), tensors.y, written_mask(case),
-        oracle_delta(case, tensors), oracle_magnitude(case, tensors),
-    )
-    if verdict.passed:
-        return verdict, "", (), (), ()
+    oracle, baseline = oracle_output(case, tensors), baseline_output(case, tensors)
+    delta, magnitude, written = oracle_delta(case, tensors), oracle_magnitude(case, tensors), written_mask(case)
+    verdicts = [judge(actual[j], oracle, baseline[j], tensors.y, written, delta, magnitude) for j in range(case.kv_replicas)]
+    failing = [(j, verdict) for j, verdict in enumerate(verdicts) if not verdict.passed]
+    if not failing:
+        return verdicts[0], "", (), (), ()
     row_slots = case.token_slots
-    details = []
-    for problem in verdict.problems:
-        where = [describe_rows(problem.rows, row_slots)] if problem.rows else []
-        where += [describe_columns(case, problem.columns)] if problem.columns else []
-        details.append(f"{problem.text}: {'; '.join(where)}" if where else problem.text)
-    slots = tuple(sorted({row_slots[row] for p in verdict.problems for row in p.rows}))
-    ranks = failing_ranks(case, tuple(c for p in verdict.problems for c in p.columns))
-    return verdict, "; ".join(details), slots, ranks, ordered(p.kind for p in verdict.problems)
+    details, slots, ranks, kinds = [], set(), set(), []
+    for j, verdict in failing:
+        group = f"replica group {j} (ranks {', '.join(map(str, replica_ranks(case, j)))} for k and v): " if case.kv_replicas > 1 else ""
+        for problem in verdict.problems:
+            where = [describe_rows(problem.rows, row_slots)] if problem.rows else []
+            where += [describe_columns(case, problem.columns, replica=j)] if problem.columns else []
+            details.append(group + (f"{problem.text}: {'; '.join(where)}" if where else problem.text))
+            kinds.append(problem.kind)
+        slots |= {row_slots[row] for p in verdict.problems for row in p.rows}
+        ranks |= set(failing_ranks(case, tuple(c for p in verdict.problems for c in p.columns), j))
+    return failing[0][1], "; ".join(details), tuple(sorted(slots)), tuple(sorted(ranks)), ordered(kinds)

@@ -67,8 +67,9 @@ def column_bounds(case: TPCase) -> list[int]:
 def rank_columns(case: TPCase, rank: int) -> list[tuple[int, int]]:
     """The unsharded output columns ``[start, end)`` that hold ``rank``'s part, slice by slice.
 
-    Column layers: each slice's shard ``N_s / tp`` wide at ``start_s + rank · N_s / tp`` (vLLM's
-    ``slice_lora_b``: slice by slice for merged and QKV layers). Fully sharded row layers: the rank's
+    Column layers: each slice's shard ``N_s / shards_s`` wide at ``start_s + shard · N_s / shards_s``
+    (vLLM's ``slice_lora_b``: slice by slice for merged and QKV layers; the shard is the rank, or the
+    ``kv_shard_id`` of replicated k and v, ``case.shard_of``). Fully sharded row layers: the rank's
     LoRA-B rows ``[rank · N / tp, (rank + 1) · N / tp)``. A row layer that is not fully sharded has
     every rank add to every column (its delta is a partial sum): all of them.
     """
@@ -76,10 +77,17 @@ def rank_columns(case: TPCase, rank: int) -> list[tuple[int, int]]:
         return [(0, case.output_width)]
     bounds = column_bounds(case)
     parts = []
-    for s, width in enumerate(case.output_slices):
-        shard = width // case.tp_size
-        parts.append((bounds[s] + rank * shard, bounds[s] + (rank + 1) * shard))
+    for s, (width, shards) in enumerate(zip(case.output_slices, case.slice_shards)):
+        shard, index = width // shards, case.shard_of(s, rank)
+        parts.append((bounds[s] + index * shard, bounds[s] + (index + 1) * shard))
     return parts
+
+
+def replica_ranks(case: TPCase, replica: int) -> list[int]:
+    """The ranks whose columns make up replica group ``replica`` of the output: every rank for q (and for
+    every slice of a layer without replicated kv heads), and for k and v the ranks ``r`` with
+    ``r % kv_replicas == replica``, one per kv head."""
+    return [rank for rank in range(case.tp_size) if rank % case.kv_replicas == replica]
 
 
 def column_shard(tensor: torch.Tensor, case: TPCase, rank: int) -> torch.Tensor:
@@ -87,23 +95,26 @@ def column_shard(tensor: torch.Tensor, case: TPCase, rank: int) -> torch.Tensor:
     return torch.cat([tensor[:, start:end] for start, end in rank_columns(case, rank)], dim=1).contiguous()
 
 
-def place_column_shards(case: TPCase, shards: list[torch.Tensor], into: torch.Tensor) -> torch.Tensor:
-    """The unsharded output from every rank's packed columns (the inverse of :func:`column_shard`)."""
+def place_column_shards(case: TPCase, shards: list[torch.Tensor], into: torch.Tensor, replica: int = 0) -> torch.Tensor:
+    """The unsharded output from every rank's packed columns (the inverse of :func:`column_shard`). With
+    replicated kv heads, several ranks hold the same k and v columns: ``replica`` says whose are placed."""
     out = into.clone()
+    owners = set(replica_ranks(case, replica))
     for rank, shard in enumerate(shards):
         local = 0
-        for start, end in rank_columns(case, rank):
-            out[:, start:end] = shard[:, local : local + end - start]
+        for s, (start, end) in enumerate(rank_columns(case, rank)):
+            if case.slice_shards[s] == case.tp_size or rank in owners:
+                out[:, start:end] = shard[:, local : local + end - start]
             local += end - start
     return out
 
 
 def lora_b_rows(stacks: Stacks, case: TPCase, rank: int) -> Stacks:
-    """Each slice's LoRA-B rows (output features) that ``rank`` holds: ``[L, 1, N_s / tp, R]``."""
+    """Each slice's LoRA-B rows (output features) that ``rank`` holds: ``[L, 1, N_s / shards_s, R]``."""
     parts = []
-    for stack, width in zip(stacks, case.output_slices):
-        shard = width // case.tp_size
-        parts.append(stack[:, :, rank * shard : (rank + 1) * shard, :].contiguous())
+    for s, (stack, width, shards) in enumerate(zip(stacks, case.output_slices, case.slice_shards)):
+        shard, index = width // shards, case.shard_of(s, rank)
+        parts.append(stack[:, :, index * shard : (index + 1) * shard, :].contiguous())
     return tuple(parts)
 
 

@@ -55,6 +55,9 @@ def test_a_missing_field_is_named():
         ({"layer": "row", "output_slices": (32,), "hidden_size": 30}, "hidden_size = 30 must be a positive multiple"),
         ({"seq_slots": (-1, 3)}, "must lie in [-1, num_slots)"),
         ({"tp_size": 1}, "tp_size must be an integer >= 2"),
+        ({"kv_replicas": 2, "output_slices": (32, 3, 3)}, "output_slices[1] = 3 must be a positive multiple of tp_size / kv_replicas = 2"),
+        ({"kv_replicas": 3}, "only a QKV layer replicates kv heads, over a tp_size (4) it divides"),
+        ({"kv_replicas": 2, "layer": "column", "output_slices": (32,)}, "only a QKV layer replicates kv heads"),
     ],
 )
 def test_a_case_vllm_could_not_shard_is_refused(changes, words):
@@ -68,7 +71,9 @@ def test_profiles_cover_every_layer_sharding_and_tp_size_deterministically():
     for cases in (smoke, standard):
         assert {(c.layer, c.fully_sharded, c.tp_size) for c in cases} == {(la, fs, tp) for la in LAYERS for fs in (False, True) for tp in (2, 4)}
         assert len({c.case_id for c in cases}) == len(cases)
-    assert len(smoke) == 16 and len(standard) == 96
+    assert len(smoke) == 20 and len(standard) == 120
+    replicated = {(c.tp_size, c.fully_sharded) for c in smoke if c.kv_replicas == 2}
+    assert replicated == {(tp, fs) for tp in (2, 4) for fs in (False, True)} and all(c.layer == "qkv" for c in smoke if c.kv_replicas > 1)
     assert {c.dtype for c in standard} == {"float16", "bfloat16", "float32"}
     assert {c.case_id for c in smoke} <= {c.case_id for c in standard}  # a smoke failure's repro runs without --profile
     assert tp_cases("standard") == standard and tp_cases("standard", seed=1) != standard

@@ -17,26 +17,55 @@ from conformance.tp import composition
 from conformance.tp.case import LAYERS, TPCase
 from conformance.tp.collectives import run_in_threads
 from conformance.tp.judgement import baseline_output, judge_output, oracle_output
-from conformance.tp.values import layer_tensors
+from conformance.tp.values import layer_tensors, rank_columns, replica_ranks
 
 
-def case_of(layer: str, fully_sharded: bool, tp_size: int, dtype: str = "float32") -> TPCase:
+def case_of(layer: str, fully_sharded: bool, tp_size: int, dtype: str = "float32", kv_replicas: int = 1) -> TPCase:
     slices = {"column": (32,), "merged_column": (16, 48), "qkv": (64, 16, 16), "row": (48,)}[layer]
     return TPCase(layer, fully_sharded, tp_size, dtype, seq_lens=(3, 2, 1, 4), seq_slots=(0, -1, 2, 1), num_slots=3,
-                  max_rank=8, hidden_size=32, output_slices=slices, scale=0.5, seed=11)
+                  max_rank=8, hidden_size=32, output_slices=slices, scale=0.5, seed=11, kv_replicas=kv_replicas)
+
+
+LAYER_KINDS = [(layer, 1) for layer in LAYERS] + [("qkv", 2)]
 
 
 @pytest.mark.parametrize("tp_size", [2, 4])
 @pytest.mark.parametrize("fully_sharded", [False, True])
-@pytest.mark.parametrize("layer", LAYERS)
-def test_the_composition_in_float64_is_the_unsharded_layer(layer, fully_sharded, tp_size):
-    case = case_of(layer, fully_sharded, tp_size)
+@pytest.mark.parametrize(("layer", "kv_replicas"), LAYER_KINDS)
+def test_the_composition_in_float64_is_the_unsharded_layer(layer, kv_replicas, fully_sharded, tp_size):
+    case = case_of(layer, fully_sharded, tp_size, kv_replicas=kv_replicas)
     tensors = layer_tensors(case).to(torch.float64)
     composed = baseline_output(case, tensors)  # the tensors' dtype: float64 here
-    assert composed.dtype == torch.float64
-    torch.testing.assert_close(composed, oracle_output(case, tensors), rtol=0, atol=1e-12)
+    assert composed.dtype == torch.float64 and composed.size(0) == kv_replicas  # one output per replica group
     rows_without_adapter = torch.tensor(case.token_slots) == -1
-    assert torch.equal(composed[rows_without_adapter], tensors.y[rows_without_adapter])  # bit for bit
+    for replica in composed:
+        torch.testing.assert_close(replica, oracle_output(case, tensors), rtol=0, atol=1e-12)
+        assert torch.equal(replica[rows_without_adapter], tensors.y[rows_without_adapter])  # bit for bit
+
+
+def test_kv_heads_shared_by_two_ranks_are_cut_by_kv_shard_id():
+    """TP 4, two ranks per kv head (vLLM: ``kv_shard_id = rank // num_kv_head_replicas``): ranks 0 and 1
+    hold k and v columns 0–7 of each, ranks 2 and 3 columns 8–15; q is cut by rank."""
+    case = case_of("qkv", False, 4, kv_replicas=2)
+    assert case.slice_shards == (4, 2, 2)
+    assert [rank_columns(case, rank) for rank in range(4)] == [
+        [(0, 16), (64, 72), (80, 88)], [(16, 32), (64, 72), (80, 88)],
+        [(32, 48), (72, 80), (88, 96)], [(48, 64), (72, 80), (88, 96)],
+    ]
+    assert replica_ranks(case, 0) == [0, 2] and replica_ranks(case, 1) == [1, 3]
+
+
+def test_each_replica_of_a_shared_kv_head_is_judged_and_a_wrong_copy_names_its_rank():
+    case = case_of("qkv", True, 4, kv_replicas=2)
+    tensors = layer_tensors(case)
+    composed = baseline_output(case, tensors)
+    assert judge_output(case, composed, tensors)[0].passed
+    wrong = composed.clone()
+    wrong[1, :, 64:72] = wrong[1, :, 72:80]  # rank 1 used kv head 1's LoRA-B for k (sliced by rank, not kv_shard_id)
+    verdict, message, slots, ranks, _ = judge_output(case, wrong, tensors)
+    assert not verdict.passed and ranks == (1,)
+    assert "replica group 1 (ranks 1, 3 for k and v)" in message and "slice 1, rank 1" in message
+    assert "replica group 0" not in message
 
 
 def _composed_with(case: TPCase, collectives_class) -> torch.Tensor:
@@ -77,7 +106,7 @@ def test_a_gather_that_concatenates_merged_slices_rank_by_rank_fails_naming_slic
     case = case_of("merged_column", False, 2)
 
     def concatenated(case, local, collectives, initial):
-        return collectives.all_gather(local, dim=-1)
+        return collectives.all_gather(local, dim=-1)[None]
 
     monkeypatch.setattr(composition, "_gathered_columns", concatenated)
     verdict, message, slots, ranks, _ = judge_output(case, _composed_with(case, lambda inner: inner))

@@ -14,10 +14,10 @@ from conformance.tp.run import TPExecutor, rank_devices
 from conformance.verdict import FailureKind, Outcome
 
 
-def case_of(layer: str, fully_sharded: bool, tp_size: int, dtype: str = "float32", seed: int = 5) -> TPCase:
+def case_of(layer: str, fully_sharded: bool, tp_size: int, dtype: str = "float32", seed: int = 5, kv_replicas: int = 1) -> TPCase:
     slices = {"column": (16,), "merged_column": (16, 32), "qkv": (32, 8, 8), "row": (16,)}[layer]
     return TPCase(layer, fully_sharded, tp_size, dtype, seq_lens=(2, 1, 3), seq_slots=(1, -1, 0), num_slots=2,
-                  max_rank=8, hidden_size=16, output_slices=slices, scale=2.0, seed=seed)
+                  max_rank=8, hidden_size=16, output_slices=slices, scale=2.0, seed=seed, kv_replicas=kv_replicas)
 
 
 @pytest.fixture
@@ -36,9 +36,9 @@ def executor_of():
 def test_hpu_emulated_passes_every_layer_at_tp_2_and_4(executor_of):
     executor = executor_of("hpu-emulated")
     for tp_size in (2, 4):
-        for layer in ("column", "merged_column", "qkv", "row"):
+        for layer, kv_replicas in (("column", 1), ("merged_column", 1), ("qkv", 1), ("qkv", 2), ("row", 1)):
             for fully_sharded in (False, True):
-                result = executor.run(case_of(layer, fully_sharded, tp_size, "bfloat16"))
+                result = executor.run(case_of(layer, fully_sharded, tp_size, "bfloat16", kv_replicas=kv_replicas))
                 assert result.outcome is Outcome.PASS, (result.case_id, result.message)
     assert executor.pool_starts == 2  # one pool per TP size, reused by its cases
 
