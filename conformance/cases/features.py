@@ -27,6 +27,7 @@ FEATURE_DOCS = {
     "odd_hidden": "a hidden size that is no multiple of any block size",
     "multi_slice": "two or more output slices",
     "many_slices": "four to seven packed output slices (beyond QKV's three)",
+    "packed_5_slices": "end to end: a parallel block's q, k, v, gate and up in one add_lora_linear call of 5 packed slices",
     "unequal_slices": "output slices of unequal width",
     "offset": "output written from a column offset > 0",
     "wide_output": "output wider than the columns written",

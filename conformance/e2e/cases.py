@@ -1,10 +1,11 @@
 """The end-to-end cases as data: which batches, which checks, which dtypes, and which run in smoke.
 
 A batch mixes requests (a prompt and an adapter, or ``None`` for the base model) on one fixture model:
-the dense Llama, or the Mixtral whose adapters put LoRA on its experts (batches ``moe-*``, reported
-as the ops ``moe_<kind>``). Every batch fills its ``max_loras`` slots (adapters take slots in order of
-first use), so a target that hands base requests the last slot's adapter has a non-empty last slot to
-hand them. The checks (``kind``):
+the dense Llama, the Mixtral whose adapters put LoRA on its experts (batches ``moe-*``, reported
+as the ops ``moe_<kind>``), or the Cohere whose parallel block the decoder runs as one ``add_lora_linear``
+call of 5 packed slices (batch ``packed5-mixed``, feature ``packed_5_slices``). Every batch fills its
+``max_loras`` slots (adapters take slots in order of first use), so a target that hands base requests
+the last slot's adapter has a non-empty last slot to hand them. The checks (``kind``):
 
 * ``teacher_forced_logits``: per-position log-probabilities along the reference's continuation;
 * ``greedy_generation``: free-running greedy tokens against the reference's;
@@ -26,7 +27,8 @@ TOP_K = 5
 # The fixture models (conformance/fixtures/<model>) and the directory of each one's adapters.
 DENSE_MODEL = "tiny-llama"
 MOE_MODEL = "tiny-mixtral"  # 6 experts, top-2
-MODEL_ADAPTERS = {DENSE_MODEL: "adapters", MOE_MODEL: "moe-adapters"}
+PARALLEL_MODEL = "tiny-cohere"  # a parallel block: q/k/v/gate/up as one call of 5 slices
+MODEL_ADAPTERS = {DENSE_MODEL: "adapters", MOE_MODEL: "moe-adapters", PARALLEL_MODEL: "cohere-adapters"}
 
 # The fixture adapters (conformance/fixtures/adapters/<name>), by what makes each one different.
 ATTN = "attn-qv-r8"  # q and v only, rank 8
@@ -40,6 +42,13 @@ EXPERTS = "moe-experts-r4"  # the experts only (gate_up_proj and down_proj), ran
 EXPERTS_ATTN = "moe-experts-attn-r8-rslora"  # the experts and q/k/v/o, rank 8, rsLoRA scaling
 MOE_ATTN = "moe-attn-qv-r6"  # q and v only: its slot has MoE LoRA disabled (adapter_enabled 0)
 MOE_ADAPTERS = (EXPERTS, EXPERTS_ATTN, MOE_ATTN)
+
+# The parallel-block model's adapters (conformance/fixtures/cohere-adapters/<name>), by the slices of the
+# packed q/k/v/gate/up call that carry LoRA (the others are zero in that adapter's slot).
+FIVE = "cohere-qkv-gate-up-r8"  # all five slices, rank 8
+K_UP = "cohere-k-up-r4"  # slices 1 and 4 (k, up), rank 4
+GATE_UP = "cohere-gate-up-o-down-r6-rslora"  # slices 3 and 4 (gate, up, past QKV's three), o and down, rsLoRA
+PARALLEL_ADAPTERS = (FIVE, K_UP, GATE_UP)
 
 PROMPTS = (
     "Once upon a time",
@@ -71,7 +80,12 @@ BATCHES: dict[str, Batch] = {
     "moe-mixed": Batch(((0, MOE_ATTN), (1, None), (2, EXPERTS), (3, EXPERTS_ATTN), (4, None), (5, EXPERTS)), 3, MOE_MODEL),
     # one slot, expert and attention LoRA, base requests around it
     "moe-one-slot": Batch(((0, None), (1, EXPERTS_ATTN), (2, None), (3, EXPERTS_ATTN)), 1, MOE_MODEL),
+    # the parallel-block model: every adapter (each with LoRA on slice 3 or 4) and two base requests, the
+    # five-slice adapter used twice
+    "packed5-mixed": Batch(((0, K_UP), (1, None), (2, FIVE), (3, GATE_UP), (4, None), (5, FIVE)), 3, PARALLEL_MODEL),
 }
+# The batches that also run the invariance checks (each model's mixed batch).
+INVARIANCE_BATCHES = ("mixed", "moe-mixed", "packed5-mixed")
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,7 @@ class E2ECase:
             "allneg1": not used,
             "one_slot": self.max_loras == 1,
             "last_slot": self.max_loras >= 2 and len(used) == self.max_loras,  # slots fill in order of first use
+            "packed_5_slices": self.model == PARALLEL_MODEL,
         }
         return frozenset(name for name, present in found.items() if present)
 
@@ -137,11 +152,12 @@ class E2ECase:
 
 
 # (kind, batch, dtype) of the smoke profile: teacher-forced and greedy on the mixed batches, in float32 and
-# (dense) bfloat16, and the dense batch invariance in float32
+# (dense) bfloat16, and the dense batch invariance in float32; the invariance checks on every model's mixed
+# batch in standard
 SMOKE = frozenset(
     {(kind, "mixed", dtype) for kind in KINDS[:2] for dtype in ("float32", "bfloat16")}
     | {("batch_invariance", "mixed", "float32")}
-    | {(kind, "moe-mixed", "float32") for kind in KINDS[:2]}
+    | {(kind, batch, "float32") for kind in KINDS[:2] for batch in ("moe-mixed", "packed5-mixed")}
 )
 
 
@@ -152,8 +168,7 @@ def _all_cases() -> list[E2ECase]:
         for dtype in E2E_DTYPES:
             batches = [name for name in BATCHES if BATCHES[name].model == model]
             for batch in sorted(batches, key=lambda name: -BATCHES[name].max_loras):
-                # the invariance checks on the mixed batches only
-                for kind in KINDS if batch in ("mixed", "moe-mixed") else KINDS[:2]:
+                for kind in KINDS if batch in INVARIANCE_BATCHES else KINDS[:2]:
                     cases.append(E2ECase(kind, batch, dtype, (kind, batch, dtype) in SMOKE))
     return cases
 

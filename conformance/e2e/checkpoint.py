@@ -1,10 +1,12 @@
 """The tiny checkpoints the end-to-end cases run: their config, weights and tokenizer.
 
-Two architectures: Llama (dense MLP) and Mixtral (every layer's MLP a set of experts with a top-k router;
-attention, norms, embedding and head as Llama's). A Mixtral checkpoint stores one tensor per expert
+Three architectures: Llama (dense MLP), Mixtral (every layer's MLP a set of experts with a top-k router;
+attention, norms, embedding and head as Llama's) and Cohere (Command-R: a parallel block, see
+:class:`ParallelBlockConfig`). A Mixtral checkpoint stores one tensor per expert
 (``block_sparse_moe.experts.<e>.w1/w2/w3``, as transformers 5's ``save_pretrained`` writes it and vLLM
 reads it); loading fuses them, as transformers does, into ``mlp.experts.gate_up_proj`` ``[E, 2I, H]``
 (gate rows, then up rows) and ``mlp.experts.down_proj`` ``[E, H, I]``, with the router as ``mlp.gate.weight``.
+A Cohere checkpoint has no ``lm_head.weight`` (tied: it is the embedding, as transformers and vLLM load it).
 
 Only safetensors weights are read (never pickles). A malformed file raises ``ValueError`` naming the
 file and the field, and how to regenerate the fixtures.
@@ -35,8 +37,22 @@ class ExpertsConfig:
 
 
 @dataclass(frozen=True)
+class ParallelBlockConfig:
+    """A Cohere (Command-R) model, transformers' ``CohereForCausalLM`` without qk-norm.
+
+    Each layer has one norm, and attention and MLP both read its output:
+    ``x ← x + attn(norm(x)) + mlp(norm(x))``, so q, k, v, gate and up are five projections of one input.
+    The norm is a LayerNorm without bias, ``(x − mean(x)) / √(var(x) + ε) · w``; the rotary embedding
+    turns interleaved pairs of dimensions ``(2i, 2i + 1)`` (Llama's turns ``(i, i + d/2)``); the lm_head
+    is the embedding (tied) and the logits are multiplied by ``logit_scale``.
+    """
+
+    logit_scale: float
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """The architecture numbers of a Llama-style decoder (``config.json``); ``experts`` for a Mixtral."""
+    """The architecture numbers of a decoder (``config.json``); ``experts`` for a Mixtral, ``parallel`` for a Cohere."""
 
     vocab_size: int
     hidden_size: int
@@ -44,11 +60,12 @@ class ModelConfig:
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
-    rms_norm_eps: float
+    norm_eps: float  # config.json's rms_norm_eps, or a Cohere's layer_norm_eps
     rope_theta: float
     max_position_embeddings: int
     bos_token_id: int
     experts: ExpertsConfig | None = None
+    parallel: ParallelBlockConfig | None = None
 
     @property
     def head_dim(self) -> int:
@@ -68,8 +85,14 @@ class ModelConfig:
         for field, allowed in _ARCHITECTURE_FIXED[model_type].items():
             if raw.get(field, allowed) != allowed:
                 raise ValueError(f"{path}: field {field!r} is {raw[field]!r}; the suite's decoder implements only {allowed!r}")
-        fields = {name: kind for name, kind in cls.__annotations__.items() if name != "experts"}
-        config = cls(**_read_fields(raw, path, fields), experts=_experts(raw, path) if model_type == "mixtral" else None)
+        fields = {name: kind for name, kind in cls.__annotations__.items() if name not in ("experts", "parallel", "norm_eps")}
+        eps_field = "layer_norm_eps" if model_type == "cohere" else "rms_norm_eps"
+        config = cls(
+            **_read_fields(raw, path, fields),
+            norm_eps=_read_fields(raw, path, {eps_field: "float"})[eps_field],
+            experts=_experts(raw, path) if model_type == "mixtral" else None,
+            parallel=ParallelBlockConfig(**_read_fields(raw, path, {"logit_scale": "float"})) if model_type == "cohere" else None,
+        )
         if config.hidden_size % config.num_attention_heads or config.num_attention_heads % config.num_key_value_heads:
             raise ValueError(f"{path}: hidden_size, num_attention_heads and num_key_value_heads do not divide evenly")
         if raw.get("head_dim", config.head_dim) != config.head_dim:
@@ -78,10 +101,13 @@ class ModelConfig:
 
 
 # Per model_type, the architecture switches the decoder does not implement: anything else is refused,
-# not approximated (the router's jitter noise acts only in training).
+# not approximated (the router's jitter noise acts only in training). A missing field takes the value
+# allowed here, which is transformers' default for it. A Cohere config with rms_norm_eps is refused:
+# vLLM's Cohere then builds RMSNorms where transformers' builds LayerNorms, so no decoder could match both.
 _ARCHITECTURE_FIXED = {
     "llama": {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "pretraining_tp": 1},
     "mixtral": {"hidden_act": "silu", "tie_word_embeddings": False, "sliding_window": None},
+    "cohere": {"hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": True, "use_qk_norm": False, "rms_norm_eps": None},
 }
 
 
@@ -131,6 +157,9 @@ class Checkpoint:
         weights = read_safetensors(path / "model.safetensors")
         if config.experts is not None:
             weights = _fuse_experts(weights, config, path / "model.safetensors")
+        if config.parallel is not None and "model.embed_tokens.weight" in weights:
+            # tied, as transformers and vLLM load it (vLLM skips any lm_head.* tensor)
+            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
         checkpoint = cls(path, config, weights)
         checkpoint._check_shapes()
         return checkpoint
@@ -168,14 +197,15 @@ def layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     else:
         e = config.experts.num_experts
         mlp = {"mlp.gate.weight": (e, h), "mlp.experts.gate_up_proj": (e, 2 * i, h), "mlp.experts.down_proj": (e, h, i)}
+    # a parallel block's one norm feeds attention and MLP alike
+    norms = {"input_layernorm.weight": (h,)} | ({} if config.parallel else {"post_attention_layernorm.weight": (h,)})
     return {
         "self_attn.q_proj.weight": (h, h),
         "self_attn.k_proj.weight": (kv, h),
         "self_attn.v_proj.weight": (kv, h),
         "self_attn.o_proj.weight": (h, h),
         **mlp,
-        "input_layernorm.weight": (h,),
-        "post_attention_layernorm.weight": (h,),
+        **norms,
     }
 
 

@@ -1,20 +1,24 @@
 """The suite's own small decoder: a Llama-style model whose every LoRA delta goes through a target.
 
 The base model is plain PyTorch (RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP, or for a
-Mixtral a top-k router over SwiGLU experts). The LoRA parts are exactly the calls a vLLM model makes on
-its PunicaWrapper, so running this decoder on a target exercises that target's wrapper methods end to
-end, without vLLM:
+Mixtral a top-k router over SwiGLU experts, or for a Cohere a parallel block: :class:`ParallelBlockConfig`).
+The LoRA parts are exactly the calls a vLLM model makes on its PunicaWrapper, so running this decoder on
+a target exercises that target's wrapper methods end to end, without vLLM:
 
 * embedding: the layer looks up each token's LoRA-A row (base tokens look up slot 0's row, as vLLM's
   ``embeddings_indices`` do; the target must not apply it), then ``add_lora_embedding``;
 * every layer: ``add_lora_linear`` on the packed ``qkv_proj`` (3 slices), ``o_proj``, the packed
   ``gate_up_proj`` (2 slices) and ``down_proj``, with ``scale=1`` (scalings are folded into B);
+* a Cohere layer: ``x + attn(h) + mlp(h)`` with ``h = LayerNorm(x)``, and ``add_lora_linear`` on
+  ``qkv_gate_up_proj`` (the five projections of ``h`` as 5 slices of widths ``(H, kv, kv, I, I)``, as a
+  backend that fuses them would call it), ``o_proj`` and ``down_proj``;
 * a Mixtral layer's experts instead of the MLP: the router (softmax over all experts, the top-k, their
   weights renormalized) in plain torch, each chosen expert's gate/up projection, then
   ``add_lora_w13`` on it (one fused ``2·I`` slice, routing weights not applied), SiLU-and-multiply, the
   down projection times the routing weight, ``add_lora_w2`` on it (routing weight applied), and the
   sum over the choices (docs/moe.md);
-* logits: ``add_lora_logits`` over the sampled rows only, with their own slots.
+* logits: ``add_lora_logits`` over the sampled rows only, with their own slots (a Cohere's lm_head is
+  its embedding; its logits are then multiplied by ``logit_scale``).
 
 Numerics: weights, activations and the KV cache are in the run's dtype; norms, rotary embedding, the
 attention and router softmaxes and the logits' log-softmax are computed in float32 (float64 for a
@@ -89,7 +93,7 @@ class LoRADecoder:
         w = {name: t.to(device=device, dtype=dtype) for name, t in checkpoint.weights.items()}
         self.embed = w["model.embed_tokens.weight"]
         self.final_norm = w["model.norm.weight"]
-        self.lm_head = w["lm_head.weight"]
+        self.lm_head = w["lm_head.weight"]  # a Cohere's is its embedding (tied on load)
         self.layers = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
@@ -97,10 +101,11 @@ class LoRADecoder:
             weight = {name.split(".")[-2]: w[p + name] for name, shape in layer_shapes(config).items() if len(shape) == 2}
             layer = {
                 "input_norm": w[p + "input_layernorm.weight"],
-                "post_attention_norm": w[p + "post_attention_layernorm.weight"],
                 # packed like vLLM's QKVParallelLinear / MergedColumnParallelLinear
                 **{packed: torch.cat([weight[m] for m in parts]) for packed, parts in packed_modules(config).items()},
             }
+            if config.parallel is None:
+                layer["post_attention_norm"] = w[p + "post_attention_layernorm.weight"]
             if config.experts is not None:
                 layer |= {"router": weight["gate"], "experts.gate_up_proj": w[p + "mlp.experts.gate_up_proj"],
                           "experts.down_proj": w[p + "mlp.experts.down_proj"]}
@@ -111,19 +116,30 @@ class LoRADecoder:
 
     # -- the pieces ----------------------------------------------------------------------------
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm ``x / √(mean(x²) + ε) · w``, rounded to the run's dtype before the weight (transformers'
+        Llama and Mixtral); a Cohere's LayerNorm without bias ``(x − mean(x)) / √(var(x) + ε) · w``, the
+        weight applied before rounding (transformers' and vLLM's Cohere)."""
         x32 = x.to(self.compute_dtype)
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
+        layer_norm = self.config.parallel is not None
+        if layer_norm:
+            x32 = x32 - x32.mean(-1, keepdim=True)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.config.norm_eps)
+        if layer_norm:
+            return (weight.to(self.compute_dtype) * x32).to(self.dtype)
         return weight * x32.to(self.dtype)
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotary embedding (the half-split convention of HF Llama) of ``x`` ``[heads, tokens, head_dim]``."""
+        """Rotary embedding of ``x`` ``[heads, tokens, head_dim]``: the pair of dimensions ``(a, b)`` at frequency
+        ``i`` becomes ``(a cos − b sin, b cos + a sin)`` of ``position · θ^(−2i/d)``. HF Llama pairs ``(i, i + d/2)``
+        (half split, vLLM's neox style); a Cohere pairs ``(2i, 2i + 1)`` (interleaved, vLLM's ``is_neox_style=False``)."""
         angles = positions.to(self.compute_dtype)[:, None] * self.inv_freq[None, :]
-        cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+        cos, sin = angles.cos(), angles.sin()
         x32 = x.to(self.compute_dtype)
-        half = x32.size(-1) // 2
-        rotated_half = torch.cat([-x32[..., half:], x32[..., :half]], -1)
-        return (x32 * cos + rotated_half * sin).to(self.dtype)
+        interleaved = self.config.parallel is not None
+        a, b = x32.unflatten(-1, (-1, 2)).unbind(-1) if interleaved else x32.chunk(2, -1)
+        turned = (a * cos - b * sin, b * cos + a * sin)
+        return (torch.stack(turned, -1).flatten(-2) if interleaved else torch.cat(turned, -1)).to(self.dtype)
 
     def attention(self, q, k, v, cache: SequenceCache, layer: int, start: int) -> torch.Tensor:
         """Causal attention of one sequence's new tokens over its cache; returns ``[tokens, hidden]``."""
@@ -152,11 +168,29 @@ class LoRADecoder:
         self.wrapper.add_lora_linear(y, x, site.lora_a, site.lora_b, 1.0, site.output_slices)
         return y
 
+    def projections(self, x: torch.Tensor, layer: dict, stacks: LoRAStacks, index: int, packed: str) -> tuple[torch.Tensor, ...]:
+        """A packed module's output (one ``add_lora_linear`` call), split into its sub-modules' outputs."""
+        widths = list(stacks.layers[index][packed].output_slices)
+        return self.linear(x, layer[packed], stacks, index, packed).split(widths, -1)
+
+    def self_attention(self, q, k, v, batch: ForwardBatch, layer: dict, stacks: LoRAStacks, index: int) -> torch.Tensor:
+        """Each sequence's attention over its own cache, then ``o_proj`` over the whole batch."""
+        outputs, start = [], 0
+        for seq, (new, cache) in enumerate(zip(batch.new_tokens, batch.caches)):
+            rows = slice(start, start + len(new))
+            outputs.append(self.attention(q[rows], k[rows], v[rows], cache, index, batch.positions[seq]))
+            start += len(new)
+        return self.linear(torch.cat(outputs), layer["o_proj"], stacks, index, "o_proj")
+
     def mlp(self, x: torch.Tensor, layer: dict, stacks: LoRAStacks, index: int, routing: torch.Tensor) -> torch.Tensor:
         """The SwiGLU MLP (packed gate/up, then down), or a Mixtral's experts (which lower ``routing``)."""
         if self.config.experts is not None:
             return self.experts(x, layer, stacks.experts[index], routing)
-        gate, up = self.linear(x, layer["gate_up_proj"], stacks, index, "gate_up_proj").chunk(2, -1)
+        gate, up = self.projections(x, layer, stacks, index, "gate_up_proj")
+        return self.down(gate, up, layer, stacks, index)
+
+    def down(self, gate: torch.Tensor, up: torch.Tensor, layer: dict, stacks: LoRAStacks, index: int) -> torch.Tensor:
+        """SwiGLU's second half: ``down_proj(silu(gate) · up)``."""
         return self.linear(torch.nn.functional.silu(gate) * up, layer["down_proj"], stacks, index, "down_proj")
 
     def experts(self, x: torch.Tensor, layer: dict, site: ExpertsSite, routing: torch.Tensor) -> torch.Tensor:
@@ -197,23 +231,22 @@ class LoRADecoder:
         lookup = slots.clamp(min=0) * c.vocab_size + tokens  # base tokens read slot 0's row, like vLLM
         lora_a_rows = stacks.embedding_a.reshape(-1, stacks.max_rank)[lookup]
         self.wrapper.add_lora_embedding(x, lora_a_rows, stacks.embedding_b, add_inputs=True)
-        q_width, kv_width = c.hidden_size, c.kv_width
         routing = torch.full((len(tokens),), math.inf, dtype=self.compute_dtype, device=self.device)  # no float64 on HPU
         for index, layer in enumerate(self.layers):
-            h = self.rms_norm(x, layer["input_norm"])
-            qkv = self.linear(h, layer["qkv_proj"], stacks, index, "qkv_proj")
-            q, k, v = qkv.split([q_width, kv_width, kv_width], -1)
-            outputs, start = [], 0
-            for seq, (new, cache) in enumerate(zip(batch.new_tokens, batch.caches)):
-                rows = slice(start, start + len(new))
-                outputs.append(self.attention(q[rows], k[rows], v[rows], cache, index, batch.positions[seq]))
-                start += len(new)
-            x = x + self.linear(torch.cat(outputs), layer["o_proj"], stacks, index, "o_proj")
-            x = x + self.mlp(self.rms_norm(x, layer["post_attention_norm"]), layer, stacks, index, routing)
+            h = self.norm(x, layer["input_norm"])
+            if c.parallel is None:
+                q, k, v = self.projections(h, layer, stacks, index, "qkv_proj")
+                x = x + self.self_attention(q, k, v, batch, layer, stacks, index)
+                x = x + self.mlp(self.norm(x, layer["post_attention_norm"]), layer, stacks, index, routing)
+            else:  # one call for the five projections of h; summed in transformers' order, (x + attn) + mlp
+                q, k, v, gate, up = self.projections(h, layer, stacks, index, "qkv_gate_up_proj")
+                x = x + self.self_attention(q, k, v, batch, layer, stacks, index) + self.down(gate, up, layer, stacks, index)
         sampled = batch.sampled_rows()
-        h = self.rms_norm(x, self.final_norm)[sampled]
+        h = self.norm(x, self.final_norm)[sampled]
         logits = h @ self.lm_head.T
         head = stacks.lm_head
         self.wrapper.add_lora_logits(logits, h, head.lora_a[0], head.lora_b[0], 1.0)
+        if c.parallel is not None:  # outside the lm_head, so after its LoRA (transformers' and vLLM's order)
+            logits = logits * c.parallel.logit_scale
         self.wrapper.synchronize()
         return logits.to("cpu", self.compute_dtype), routing[sampled].cpu()

@@ -1,11 +1,13 @@
 """Adapters placed in slots: the stacked weights a target's wrapper methods take, per call site.
 
 vLLM packs q/k/v into one ``qkv_proj`` and gate/up into one ``gate_up_proj``; each packed module is one
-``add_lora_linear`` call with one slice per sub-module. Stacks are ``[num_slots, 1, rank, in]`` (A)
-and ``[num_slots, 1, out, rank]`` (B), zero where a slot is empty, where its adapter does not target
-the module, and in the rank columns beyond the adapter's own rank. The adapter's scaling is folded into
-B (in float64, then rounded once to the run's dtype), as vLLM does when it loads an adapter, so the
-wrapper methods are called with ``scale=1``.
+``add_lora_linear`` call with one slice per sub-module. In a parallel block (a Cohere) the five share one
+input, and the decoder packs them as a backend that fuses them would: one ``qkv_gate_up_proj`` call of
+5 slices (vLLM's own Cohere still makes two calls, ``qkv_proj`` and ``gate_up_proj``). Stacks are
+``[num_slots, 1, rank, in]`` (A) and ``[num_slots, 1, out, rank]`` (B), zero where a slot is empty, where
+its adapter does not target the module, and in the rank columns beyond the adapter's own rank. The
+adapter's scaling is folded into B (in float64, then rounded once to the run's dtype), as vLLM does when
+it loads an adapter, so the wrapper methods are called with ``scale=1``.
 
 A Mixtral layer has no dense MLP: its experts are one ``add_lora_w13`` and one ``add_lora_w2`` call
 (docs/moe.md), with per-expert stacks ``[num_slots, E, rank, in]`` and ``[num_slots, E, out, rank]``.
@@ -32,11 +34,20 @@ PACKED_MODULES = {
     "gate_up_proj": ("gate_proj", "up_proj"),
     "down_proj": ("down_proj",),
 }
+# A parallel block: every projection of the norm's output in one call, slices of widths (H, kv, kv, I, I).
+PARALLEL_MODULES = {
+    "qkv_gate_up_proj": ATTENTION_MODULES["qkv_proj"] + PACKED_MODULES["gate_up_proj"],
+    "o_proj": ("o_proj",),
+    "down_proj": ("down_proj",),
+}
 
 
 def packed_modules(model: ModelConfig) -> dict[str, tuple[str, ...]]:
-    """The ``add_lora_linear`` call sites of one layer: a Mixtral's MLP is its experts instead."""
-    return PACKED_MODULES if model.experts is None else ATTENTION_MODULES
+    """The ``add_lora_linear`` call sites of one layer: a Mixtral's MLP is its experts instead, a parallel
+    block's q/k/v/gate/up are one call."""
+    if model.experts is not None:
+        return ATTENTION_MODULES
+    return PARALLEL_MODULES if model.parallel is not None else PACKED_MODULES
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ for the base model and every fixture adapter, the decoder's log-probabilities ma
 request run alone, the adapter applied by PEFT's own LoRA layers), and so does a mixed batch in which
 every request has its own adapter or none (the decoder packs it; PEFT runs each request by itself).
 
-Both fixture models: the dense Llama, and the Mixtral whose adapters put LoRA on its fused experts
-(PEFT's ``target_parameters``), which the decoder runs through ``add_lora_w13``/``add_lora_w2``.
+Every fixture model: the dense Llama, the Mixtral whose adapters put LoRA on its fused experts (PEFT's
+``target_parameters``), which the decoder runs through ``add_lora_w13``/``add_lora_w2``, and the Cohere
+(``CohereForCausalLM``: parallel block, LayerNorm, interleaved rotary, tied lm_head, ``logit_scale``),
+whose q/k/v/gate/up the decoder runs as one ``add_lora_linear`` call of 5 slices.
 """
 
 from __future__ import annotations
@@ -21,9 +23,14 @@ from conformance.e2e.cases import (
     DENSE_MODEL,
     EXPERTS,
     EXPERTS_ATTN,
+    FIVE,
+    GATE_UP,
+    K_UP,
     MOE_ADAPTERS,
     MOE_ATTN,
     MOE_MODEL,
+    PARALLEL_ADAPTERS,
+    PARALLEL_MODEL,
     PROMPTS,
 )
 from conformance.e2e.decoder_engine import DecoderEngine
@@ -38,7 +45,9 @@ NEW_TOKENS = 12
 MIXED = {  # a batch per model: every adapter, and base requests
     DENSE_MODEL: ([None, "attn-qv-r8", None, "all-linear-r16-rslora", "mlp-r6", "embed-head-r8"], 4),
     MOE_MODEL: ([None, EXPERTS, MOE_ATTN, None, EXPERTS_ATTN, EXPERTS], 3),
+    PARALLEL_MODEL: ([K_UP, None, FIVE, GATE_UP, None, FIVE], 3),
 }
+MODELS = [DENSE_MODEL, MOE_MODEL, PARALLEL_MODEL]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +71,9 @@ def peft_logprobs(fixture: FixtureModel, adapter: str | None, ids: list[int]) ->
         return torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
 
 
-@pytest.mark.parametrize(("model", "adapter"), [(DENSE_MODEL, a) for a in (None, *ADAPTERS)] + [(MOE_MODEL, a) for a in (None, *MOE_ADAPTERS)])
+@pytest.mark.parametrize(("model", "adapter"), [(model, a) for model, adapters in
+                                               ((DENSE_MODEL, ADAPTERS), (MOE_MODEL, MOE_ADAPTERS), (PARALLEL_MODEL, PARALLEL_ADAPTERS))
+                                               for a in (None, *adapters)])
 def test_decoder_matches_peft_for_base_and_every_adapter(runner, model, adapter):
     fixture = runner.model(model)
     requests = [Request(prompt, adapter) for prompt in PROMPTS[:3]]
@@ -73,8 +84,8 @@ def test_decoder_matches_peft_for_base_and_every_adapter(runner, model, adapter)
         start = len(generation.prompt_ids) - 1
         for step, taken in enumerate(generation.steps):
             row = oracle[start + step]
-            # transformers computes the rotary tables (and a Mixtral its router softmax) in float32 even
-            # for a float64 model: ~1e-6 apart
+            # transformers computes the rotary tables (and a Mixtral its router softmax, a Cohere its
+            # LayerNorms and rotation) in float32 even for a float64 model: ~1e-6 apart
             assert abs(row[taken.token].item() - taken.logprob) < 1e-4, (adapter, generation.request.prompt, step)
             # greedy: PEFT's argmax is the decoder's token wherever PEFT's top-2 margin is not a tie
             top2 = row.topk(2).values
@@ -82,7 +93,7 @@ def test_decoder_matches_peft_for_base_and_every_adapter(runner, model, adapter)
                 assert int(row.argmax()) == taken.token, (adapter, generation.request.prompt, step)
 
 
-@pytest.mark.parametrize("model", [DENSE_MODEL, MOE_MODEL])
+@pytest.mark.parametrize("model", MODELS)
 def test_mixed_batch_matches_peft_per_request(runner, model):
     fixture, (names, max_loras) = runner.model(model), MIXED[model]
     requests = [Request(prompt, name) for prompt, name in zip(PROMPTS, names)]
@@ -96,7 +107,7 @@ def test_mixed_batch_matches_peft_per_request(runner, model):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("model", [DENSE_MODEL, MOE_MODEL])
+@pytest.mark.parametrize("model", MODELS)
 def test_every_adapter_changes_the_output(runner, model):
     """Otherwise a target that drops an adapter (or hands base requests one) could pass unseen."""
     fixture, prompt = runner.model(model), PROMPTS[0]
@@ -105,7 +116,7 @@ def test_every_adapter_changes_the_output(runner, model):
     assert len(set(outputs.values())) == len(outputs), outputs
 
 
-@pytest.mark.parametrize("model", [DENSE_MODEL, MOE_MODEL])
+@pytest.mark.parametrize("model", MODELS)
 def test_float32_decoder_is_within_the_float32_tolerance_of_float64(runner, model):
     fixture, (names, max_loras) = runner.model(model), MIXED[model]
     engine = DecoderEngine(ReferenceTarget(), fixture.checkpoint, fixture.adapters, torch.float32)

@@ -27,6 +27,7 @@ MODEL = FIXTURES / "tiny-llama"
 ADAPTER = FIXTURES / "adapters" / "attn-qv-r8"
 MOE_MODEL = FIXTURES / "tiny-mixtral"
 MOE_ADAPTER = FIXTURES / "moe-adapters" / "moe-experts-attn-r8-rslora"
+COHERE_MODEL = FIXTURES / "tiny-cohere"
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +176,24 @@ def test_moe_checkpoint_fuses_the_experts_as_transformers_does(tmp_path, moe):
         Checkpoint.load(tmp_path / "m")
 
 
+def test_cohere_checkpoint_reads_its_parallel_block_and_ties_the_lm_head(tmp_path):
+    cohere = Checkpoint.load(COHERE_MODEL)
+    c = cohere.config
+    assert c.parallel is not None and c.parallel.logit_scale == 12.5 and c.norm_eps == 1e-5 and c.experts is None
+    assert "lm_head.weight" not in load_file(COHERE_MODEL / "model.safetensors")  # tied: saved without it
+    assert cohere.weights["lm_head.weight"] is cohere.weights["model.embed_tokens.weight"]
+    assert "model.layers.0.post_attention_layernorm.weight" not in cohere.weights  # one norm per layer
+    shutil.copytree(COHERE_MODEL, tmp_path / "m")
+    file = tmp_path / "m" / "config.json"
+    settings = json.loads(file.read_text())
+    for changes, message in [({"use_qk_norm": True}, "field 'use_qk_norm'"), ({"tie_word_embeddings": False}, "field 'tie_word_embeddings'"),
+                             ({"rms_norm_eps": 1e-6}, "field 'rms_norm_eps'"), ({"logit_scale": None}, "missing field 'logit_scale'"),
+                             ({"layer_norm_eps": None}, "missing field 'layer_norm_eps'")]:
+        file.write_text(json.dumps({k: v for k, v in (settings | changes).items() if v is not None}))
+        with pytest.raises(ValueError, match=message):
+            Checkpoint.load(tmp_path / "m")
+
+
 def test_pickled_adapter_weights_are_refused(tmp_path, config):
     path = copy_adapter(tmp_path)
     (path / "adapter_model.safetensors").rename(path / "adapter_model.bin")
@@ -319,5 +338,5 @@ def test_smoke_is_a_subset_and_standard_has_every_kind_and_dtype():
     assert set(smoke) < set(standard) == set(E2E_CASES)
     assert {c.kind for c in standard} == {"teacher_forced_logits", "greedy_generation", "batch_invariance", "order_invariance"}
     assert {c.dtype for c in standard} == {"float32", "bfloat16", "float16"}
-    assert (len(standard), len(smoke)) == (48, 7)  # dense 30 + MoE 18; smoke dense 5 + MoE 2
+    assert (len(standard), len(smoke)) == (60, 9)  # dense 30 + MoE 18 + packed5 12; smoke dense 5 + MoE 2 + packed5 2
     assert len({c.case_id for c in standard}) == len(standard)
