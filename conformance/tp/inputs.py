@@ -48,7 +48,7 @@ class ReadOnlyInputs:
         def watched(*args, **kwargs):
             inputs = [(names[i] if i < len(names) else f"argument {i}", value) for i, value in enumerate(args) if i > 0]
             inputs += list(kwargs.items())
-            before = [(name, [t.clone() for t in _tensors(value)], _tensors(value)) for name, value in inputs]
+            before = [(argument, [t.clone() for t in _tensors(value)], _tensors(value)) for argument, value in inputs]
             result = method(*args, **kwargs)
             for argument, copies, tensors in before:
                 if any(_changed(now, then) for now, then in zip(tensors, copies)):
