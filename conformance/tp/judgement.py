@@ -46,8 +46,8 @@ def oracle_delta(case: TPCase, tensors: LayerTensors) -> torch.Tensor:
 
 
 def oracle_magnitude(case: TPCase, tensors: LayerTensors) -> torch.Tensor:
-    """``|y| + |x|·|A|·|B|`` in float64: the size of the terms each output element sums, which the
-    budget's floor and cap are read against (``conformance.runner.oracle_magnitude``)."""
+    """``|y| + |x|·|A|·|B|`` in float64: the size of the terms each output element sums, in whose ulps the
+    budget allows float32 accumulation error (``conformance.runner.oracle_magnitude``)."""
     return oracle_output(case, tensors.map(torch.abs))
 
 
