@@ -16,12 +16,18 @@ its environment; a serial run takes the first device.
 from __future__ import annotations
 
 import os
-
-import pytest
+from typing import TYPE_CHECKING
 
 from conformance.targets import TargetError, resolve
 
+if TYPE_CHECKING:
+    import pytest
+
 VISIBLE_DEVICES_ENV = {"hpu": "HABANA_VISIBLE_MODULES", "cuda": "CUDA_VISIBLE_DEVICES"}
+
+
+# The errors below are ValueErrors, so that a run driven from a script (conformance.session) gets them
+# too; the plugin turns them into pytest usage errors.
 
 
 def parse_devices(value: str | None) -> list[str] | str | None:
@@ -32,8 +38,13 @@ def parse_devices(value: str | None) -> list[str] | str | None:
         return "auto"
     devices = [part.strip() for part in value.split(",")]
     if not all(devices) or len(set(devices)) != len(devices):
-        raise pytest.UsageError(f"--devices expects 'auto' or distinct ids separated by commas (0,1,2,3), got {value!r}")
+        raise ValueError(f"--devices expects 'auto' or distinct ids separated by commas (0,1,2,3), got {value!r}")
     return devices
+
+
+def visible_devices_variable(device_type: str | None, override: str | None) -> str | None:
+    """The variable that selects a device of ``device_type`` (``--device-env`` first); None if none is known."""
+    return override or VISIBLE_DEVICES_ENV.get(device_type)
 
 
 def visible_devices_env(target_name: str, override: str | None) -> str:
@@ -44,13 +55,14 @@ def visible_devices_env(target_name: str, override: str | None) -> str:
         device_type = resolve(target_name).default_device().type
     except TargetError:
         device_type = None  # an unknown target: ConformanceRun reports it, with the known ones
-    if device_type not in VISIBLE_DEVICES_ENV:
-        raise pytest.UsageError(
+    variable = visible_devices_variable(device_type, None)
+    if variable is None:
+        raise ValueError(
             f"--devices: target {target_name!r} runs on {device_type or 'an unknown device'}, which has no known "
             f"visible-devices variable (known: {', '.join(f'{k}: {v}' for k, v in VISIBLE_DEVICES_ENV.items())}); "
             "name it with --device-env=VAR"
         )
-    return VISIBLE_DEVICES_ENV[device_type]
+    return variable
 
 
 def worker_index(config: pytest.Config) -> tuple[int, int] | None:
@@ -65,7 +77,7 @@ def _check_worker_count(config: pytest.Config, devices: list[str] | str) -> None
     """Refuse more workers than devices (two processes on one Gaudi card fail)."""
     workers = getattr(config.option, "numprocesses", None) or 0
     if isinstance(devices, list) and isinstance(workers, int) and workers > len(devices):
-        raise pytest.UsageError(
+        raise ValueError(
             f"-n {workers} workers but --devices lists {len(devices)}: one device per worker; "
             f"list {workers} devices or run -n {len(devices)}"
         )

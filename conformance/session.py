@@ -28,6 +28,7 @@ import torch
 import conformance
 from conformance import journal
 from conformance.cases.replay import read_replay, write_replay
+from conformance.devices import parse_devices
 from conformance.e2e.cases import e2e_cases
 from conformance.expectations import apply_expectations, load_expectations, shipped_expectations, split_applicable
 from conformance.generator import DEFAULT_PROFILE, PROFILES, profile_cases
@@ -138,7 +139,11 @@ class ConformanceRun:
         self.journal = journal.Journal(self.report_dir, self.worker)
         self._executor = None
         self._tp_executor = None
-        self.devices, self.device_env = self._devices(settings.devices), settings.device_env
+        try:
+            self.devices = parse_devices(settings.devices)
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
+        self.device_env = settings.device_env
         self.on_record = None  # called with each result's record before it is journalled (Allure labels)
         if self.isolation == "none" and runs_cases:
             self._executor = self._local_executor()  # load errors are usage errors, as they always were
@@ -186,12 +191,6 @@ class ConformanceRun:
                 else IsolatedExecutor(self.target_name, case_timeout=self.case_timeout, torch_threads=torch.get_num_threads())
             )
         return self._executor
-
-    @staticmethod
-    def _devices(value: str | None) -> str | list[str] | None:
-        if value is None or value == "auto":
-            return value
-        return [part.strip() for part in value.split(",")]
 
     @property
     def tp_executor(self) -> TPExecutor:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from conformance.devices import visible_devices_variable
 from conformance.ops import Level
 from conformance.runner import CaseResult
 from conformance.targets import resolve
@@ -27,7 +28,6 @@ from .judgement import judge_output
 from .pool import RankFailure, RankPool
 
 TP_CASE_TIMEOUT = 120.0  # seconds: a TP case takes about a second; the profile's timeout is sized for op workers
-VISIBLE_DEVICES_ENV = {"hpu": "HABANA_VISIBLE_MODULES", "cuda": "CUDA_VISIBLE_DEVICES"}  # as conformance.devices
 
 
 @dataclass
@@ -65,7 +65,7 @@ def rank_devices(devices: str | list[str] | None, device_type: str, tp_size: int
     """
     if devices is None and device_type == "cpu":
         return None, None
-    variable = device_env or VISIBLE_DEVICES_ENV.get(device_type)
+    variable = visible_devices_variable(device_type, device_env)
     if variable is None:
         raise ValueError(f"tensor-parallel ranks on {device_type} need a visible-devices variable: name it with --device-env=VAR")
     if devices is None or devices == "auto":
