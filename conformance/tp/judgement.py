@@ -26,7 +26,7 @@ from conformance.verdict.failure_kind import ordered
 from .case import TPCase
 from .collectives import run_in_threads
 from .composition import run_rank
-from .values import LayerTensors, layer_tensors, rank_columns, replica_ranks
+from .values import LayerTensors, in_replica, layer_tensors, rank_columns, replica_ranks
 
 
 def oracle_output(case: TPCase, tensors: LayerTensors) -> torch.Tensor:
@@ -70,12 +70,11 @@ def written_mask(case: TPCase) -> torch.Tensor:
 
 def _column_owners(case: TPCase, replica: int) -> list[tuple[int, int, int, int]]:
     """``(rank, slice, start, end)`` of every rank's columns in replica group ``replica``'s output."""
-    owners = set(replica_ranks(case, replica))
     return [
         (rank, s, start, end)
         for rank in range(case.tp_size)
         for s, (start, end) in enumerate(rank_columns(case, rank))
-        if case.slice_shards[s] == case.tp_size or rank in owners
+        if in_replica(case, s, rank, replica)
     ]
 
 

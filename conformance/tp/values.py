@@ -83,10 +83,15 @@ def rank_columns(case: TPCase, rank: int) -> list[tuple[int, int]]:
     return parts
 
 
+def in_replica(case: TPCase, s: int, rank: int, replica: int) -> bool:
+    """Whether ``rank``'s shard of slice ``s`` is part of replica group ``replica``'s output: every rank's
+    q (and every slice of a layer without replicated kv heads); k and v only from the ranks ``r`` with
+    ``r % kv_replicas == replica``, one per kv head (:func:`replica_ranks`)."""
+    return case.slice_shards[s] == case.tp_size or rank % case.kv_replicas == replica
+
+
 def replica_ranks(case: TPCase, replica: int) -> list[int]:
-    """The ranks whose columns make up replica group ``replica`` of the output: every rank for q (and for
-    every slice of a layer without replicated kv heads), and for k and v the ranks ``r`` with
-    ``r % kv_replicas == replica``, one per kv head."""
+    """The ranks whose k and v columns make up replica group ``replica`` of the output."""
     return [rank for rank in range(case.tp_size) if rank % case.kv_replicas == replica]
 
 
@@ -99,11 +104,10 @@ def place_column_shards(case: TPCase, shards: list[torch.Tensor], into: torch.Te
     """The unsharded output from every rank's packed columns (the inverse of :func:`column_shard`). With
     replicated kv heads, several ranks hold the same k and v columns: ``replica`` says whose are placed."""
     out = into.clone()
-    owners = set(replica_ranks(case, replica))
     for rank, shard in enumerate(shards):
         local = 0
         for s, (start, end) in enumerate(rank_columns(case, rank)):
-            if case.slice_shards[s] == case.tp_size or rank in owners:
+            if in_replica(case, s, rank, replica):
                 out[:, start:end] = shard[:, local : local + end - start]
             local += end - start
     return out
