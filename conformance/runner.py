@@ -125,7 +125,7 @@ def oracle_delta(spec: OpSpec, case: Case, values: Tensors, reference: Reference
     One generic run instead of knowing, per op, whether it accumulates (the delta is the oracle minus
     the initial output) or overwrites (``add_inputs=False``, ``apply_lora_full_linear``: the delta is
     what it writes); the systematic-error rule of the verdict fits the error against it.
-    ``reference`` already holds the case's mapping."""
+    ``values`` in the case dtype or already in float64; ``reference`` already holds the case's mapping."""
     zeroed = _float64(values)
     zeroed[spec.output] = torch.zeros_like(zeroed[spec.output])
     return execute(spec, case, zeroed, reference, torch.device("cpu"), update_metadata=False)[spec.output]
@@ -139,7 +139,7 @@ def oracle_magnitude(spec: OpSpec, case: Case, values: Tensors, reference: Refer
     correct target that sums in another order errs by ulps of ``m``, many ulps of ``|o|``. The
     budget and the systematic-error noise model allow float32 accumulation error in ulps of it
     (``conformance.verdict.tolerances``).
-    ``reference`` already holds the case's mapping."""
+    ``values`` in the case dtype or already in float64; ``reference`` already holds the case's mapping."""
     absolute = {name: value.abs() if value.is_floating_point() else value for name, value in _float64(values).items()}
     return execute(spec, case, absolute, reference, torch.device("cpu"), update_metadata=False)[spec.output]
 
@@ -198,10 +198,11 @@ def run_case(target: Target, case: Case, case_id: str | None = None, values: Ten
     # One reference wrapper for both runs: its metadata depends on the mapping only, not on the dtype,
     # so the baseline reuses what the oracle run built (a few percent of a wrapper case's time).
     reference = ReferenceTarget()
-    oracle = execute(spec, case, _float64(values), reference, cpu)[spec.output]
+    exact = _float64(values)  # converted once: the oracle, its delta and its magnitude all read it
+    oracle = execute(spec, case, exact, reference, cpu)[spec.output]
     baseline = execute(spec, case, values, reference, cpu, update_metadata=False)[spec.output]
-    delta = oracle_delta(spec, case, values, reference)
-    magnitude = oracle_magnitude(spec, case, values, reference)
+    delta = oracle_delta(spec, case, exact, reference)
+    magnitude = oracle_magnitude(spec, case, exact, reference)
     verdict = judge(after[spec.output], oracle, baseline, values[spec.output], spec.written_mask(case), delta, magnitude)
     changed = modified_inputs(spec, values, after)
     if verdict.passed and not changed:
