@@ -16,14 +16,33 @@ its environment; a serial run takes the first device.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-from conformance.targets import TargetError, resolve
 
 if TYPE_CHECKING:
     import pytest
 
+    from conformance.targets.facts import TargetFacts
+
+# The built-in device types' facts; a target on another device type states its own (Target.device_traits).
 VISIBLE_DEVICES_ENV = {"hpu": "HABANA_VISIBLE_MODULES", "cuda": "CUDA_VISIBLE_DEVICES"}
+DISTRIBUTED_BACKEND = {"cpu": "gloo", "cuda": "nccl", "hpu": "hccl"}
+
+
+@dataclass(frozen=True)
+class DeviceTraits:
+    """What the harness must know of a device type: which variable selects one device of it (for
+    ``--devices``), which ``torch.distributed`` backend its tensor-parallel ranks use (None: the target
+    runs no tensor-parallel case, reported not supported), and its name."""
+
+    type: str
+    visible_devices_env: str | None
+    distributed_backend: str | None
+
+    @classmethod
+    def builtin(cls, device_type: str) -> DeviceTraits:
+        """The traits the suite knows for ``device_type`` (None where it knows none)."""
+        return cls(device_type, VISIBLE_DEVICES_ENV.get(device_type), DISTRIBUTED_BACKEND.get(device_type))
 
 
 # The errors below are ValueErrors, so that a run driven from a script (conformance.session) gets them
@@ -47,18 +66,14 @@ def visible_devices_variable(device_type: str | None, override: str | None) -> s
     return override or VISIBLE_DEVICES_ENV.get(device_type)
 
 
-def visible_devices_env(target_name: str, override: str | None) -> str:
-    """The variable that selects the device of ``target_name``'s device type."""
+def visible_devices_env(facts: TargetFacts, override: str | None) -> str:
+    """The variable that selects a device of the target's device type (its facts, ``--device-env`` first)."""
     if override:
         return override
-    try:
-        device_type = resolve(target_name).default_device().type
-    except TargetError:
-        device_type = None  # an unknown target: ConformanceRun reports it, with the known ones
-    variable = visible_devices_variable(device_type, None)
+    variable, device_type = facts.visible_devices_env, facts.device_type
     if variable is None:
         raise ValueError(
-            f"--devices: target {target_name!r} runs on {device_type or 'an unknown device'}, which has no known "
+            f"--devices: target {facts.name!r} runs on {device_type or 'an unknown device'}, which has no known "
             f"visible-devices variable (known: {', '.join(f'{k}: {v}' for k, v in VISIBLE_DEVICES_ENV.items())}); "
             "name it with --device-env=VAR"
         )
@@ -83,7 +98,7 @@ def _check_worker_count(config: pytest.Config, devices: list[str] | str) -> None
         )
 
 
-def assign_device(config: pytest.Config, target_name: str) -> dict | None:
+def assign_device(config: pytest.Config, facts: TargetFacts) -> dict | None:
     """Set this process's visible-devices variable from ``--devices``; what was set, for the results.
 
     The controller of an xdist run only checks the option (so a mistake is one usage error, not a
@@ -92,7 +107,7 @@ def assign_device(config: pytest.Config, target_name: str) -> dict | None:
     devices = parse_devices(config.option.devices)
     if devices is None:
         return None
-    variable = visible_devices_env(target_name, config.option.device_env)
+    variable = visible_devices_env(facts, config.option.device_env)
     index = worker_index(config)
     if index is None and getattr(config.option, "numprocesses", None):
         _check_worker_count(config, devices)

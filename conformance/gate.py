@@ -45,8 +45,11 @@ def gate_verdict(
     if ran == 0:
         reasons.append("no case ran")
     rejected = {o: n for o, n in counts.items() if not Outcome(o).accepted_by_gate}
+    stability = Counter(r.get("stability") for r in results if r.get("stability") in ("flaky", "nondeterministic"))
+    flaky_rejected = Counter(r["outcome"] for r in results if r.get("stability") == "flaky")
     for outcome, count in sorted(rejected.items()):
-        reasons.append(f"{count} case(s) ended {outcome}")
+        flaky = f" ({flaky_rejected[outcome]} of them flaky: a second attempt ended otherwise)" if flaky_rejected[outcome] else ""
+        reasons.append(f"{count} case(s) ended {outcome}{flaky}")
     if pytest_exitstatus not in (0, 1) and not rejected and not missing:
         reasons.append(f"pytest exited with status {int(pytest_exitstatus)} (interrupted, internal or usage error)")
     known: dict[str, dict] = {}
@@ -60,4 +63,7 @@ def gate_verdict(
         "reasons": reasons,
         "counts": {**{o.value: counts.get(o.value, 0) for o in Outcome}, "no result": len(missing)},
         "known_failures": list(known.values()),
+        # how many results were not deterministic (conformance.record): a flaky one fails like any other,
+        # a nondeterministic pass passes unless the run required determinism
+        "stability": {"flaky": stability.get("flaky", 0), "nondeterministic": stability.get("nondeterministic", 0)},
     }

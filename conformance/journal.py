@@ -6,9 +6,11 @@ Two kinds of file in the report dir:
   what was run (target, profile, seed, shard, expectations; from a pytest run also ``shard_source``:
   ``--shard=I/N`` given, or the CI variables ``--shard=auto`` read, ``conformance.sharding``), the
   environment fingerprint, and the case lists: ``expected`` (every case this run is to judge: its
-  shard's share after ``-k``/``-m``), ``shard_cases`` (its shard's share before the selection) and
+  shard's share after ``-k``/``-m``), ``selection`` (those ``-k`` and ``-m`` expressions and the
+  node-id arguments as given, empty from a script; ``--resume`` refuses others; absent from older
+  manifests: read as empty), ``shard_cases`` (its shard's share before the selection) and
   ``case_list`` (the count and digest of the profile's whole list, every shard together: what a merge
-  must add up to);
+  must add up to), with ``hypothesis_version``, which drew the op cases (a merge draws them again);
 * ``results/<worker>.jsonl``, the **journals**: one line per case, appended and flushed as each
   result arrives (``main`` in a serial run, ``gw0``… under xdist, ``controller`` for the cases the
   controller saw a pytest worker crash on).
@@ -26,6 +28,7 @@ import json
 from pathlib import Path
 
 from conformance.gate import gate_verdict, summarize
+from conformance.text import safe_text, without_surrogates
 
 MANIFEST = "run.json"
 JOURNALS = "results"
@@ -38,10 +41,20 @@ def case_list_summary(case_ids: list[str]) -> dict:
     return {"count": len(case_ids), "digest": f"sha256:{digest}"}
 
 
+# Every level's cases are one test function (conformance/test_cases.py), parametrized by case id.
+TEST_FILE = "conformance/test_cases.py"
+TEST_FUNCTION = "test_case"
+
+
+def node_id(case_id: str) -> str:
+    """The pytest node id of a case, as a repro command names it."""
+    return f"{TEST_FILE}::{TEST_FUNCTION}[{case_id}]"
+
+
 def case_id_of(nodeid: str) -> str | None:
-    """``conformance/test_ops.py::test_op[ID]`` → ``ID``; None for a test that is not a conformance case."""
+    """``conformance/test_cases.py::test_case[ID]`` → ``ID``; None for a test that is not a conformance case."""
     name = nodeid.rsplit("::", 1)[-1]
-    if not (name.startswith(("test_op[", "test_e2e[", "test_tp[")) and name.endswith("]")):
+    if not (name.startswith(f"{TEST_FUNCTION}[") and name.endswith("]")):
         return None
     return name[name.index("[") + 1 : -1]
 
@@ -68,16 +81,23 @@ def clear_journals(report_dir: Path) -> None:
 def read_journals(report_dir: Path) -> list[dict]:
     """Every journalled result, one per case id (a later line for the same case replaces an earlier one).
 
-    A line cut short by a kill in the middle of a write is skipped: its case counts as missing.
+    A line cut short by a kill in the middle of a write is skipped: its case counts as missing. A journal
+    written before messages were made safe text (``conformance.text``) may hold ``"\\udcff"``, which JSON
+    decodes into a lone surrogate that no UTF-8 writer accepts: such surrogates come back escaped
+    (``\\udcff`` as text), and a message longer than ``conformance.text.MESSAGE_LIMIT`` is cut.
     """
     by_id: dict[str, dict] = {}
     for path in sorted((Path(report_dir) / JOURNALS).glob("*.jsonl")):
-        for line in path.read_text().splitlines():
+        # only line breaks split records: str.splitlines would also split at \x1c, \x85, \u2028, …
+        for line in path.read_text(encoding="utf-8", errors="surrogateescape").split("\n"):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(record, dict) and "id" in record:
+            if isinstance(record, dict) and isinstance(record.get("id"), str):
+                record = without_surrogates(record)
+                if isinstance(record.get("message"), str):
+                    record["message"] = safe_text(record["message"])
                 by_id[record["id"]] = record
     return sorted(by_id.values(), key=lambda r: r["id"])
 

@@ -51,13 +51,16 @@ from conformance import journal, sharding
 from conformance.compat import junit_xml_writer
 from conformance.devices import assign_device
 from conformance.generator import DEFAULT_PROFILE, PROFILES
-from conformance.isolation import ISOLATION_MODES, broken_result
-from conformance.ops import OP_SPECS
+from conformance.isolation import ISOLATION_MODES
+from conformance.levels import KINDS, kind_of
+from conformance.record import CaseResult
 from conformance.report.allure_results import label_clusters, label_current_test, write_results_extras
 from conformance.report.junit_clusters import label_junit_clusters
 from conformance.report.progress import Progress
-from conformance.runner import CaseResult
 from conformance.session import ConformanceRun, RunError, RunSettings
+from conformance.target_call import DEFAULT_RUNS
+from conformance.targets import TargetError, TargetUnavailable
+from conformance.targets.facts import TargetFacts, probe
 from conformance.verdict import FailureKind, Outcome
 
 
@@ -120,10 +123,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "run; none: in the pytest process (for a debugger or profiler; no crash protection, no timeout)",
     )
     group.addoption(
+        "--repeat",
+        type=int,
+        metavar="N",
+        help=f"call the target N times per case, each on fresh copies of its inputs (a wrapper after one "
+        f"update_metadata, as vLLM calls it once per layer), and compare the calls bit for bit; a failing case is "
+        f"attempted once more to tell a consistent failure from a flaky one (default {DEFAULT_RUNS})",
+    )
+    group.addoption(
+        "--require-deterministic",
+        action="store_true",
+        help="a case whose repeated calls differ bit for bit fails (kind nondeterministic) instead of passing "
+        "with the label nondeterministic",
+    )
+    group.addoption(
         "--resume",
         metavar="DIR",
         help="complete the interrupted run whose report dir is DIR: run only its cases without a result, "
-        "with its target, profile, seed and shard, and write the whole report again",
+        "with its target, profile, seed, shard and selection (another -k, -m or node ids are refused), and write "
+        "the whole report again",
     )
     group.addoption(
         "--progress-every",
@@ -141,6 +159,7 @@ _WORKERS_KEY = pytest.StashKey[list]()  # the controller's record of each worker
 _MANIFEST_KEY = pytest.StashKey[dict]()  # the run's manifest, once the cases are collected
 _DOCUMENT_KEY = pytest.StashKey[dict]()  # the results document, for naming clusters in junit.xml once it is written
 _SHARD_SOURCE_KEY = pytest.StashKey[tuple]()  # (where the shard came from, for the manifest; the line to print)
+_FACTS_INPUT = "lora_conformance_target_facts"  # the controller's TargetFacts, handed to each xdist worker
 
 
 def conformance_requested(config: pytest.Config) -> bool:
@@ -183,10 +202,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not conformance_requested(config):
         return
     torch.set_num_threads(config.option.torch_threads)
-    config.addinivalue_line("markers", "kernel: a kernel-level op case (design level 1)")
-    config.addinivalue_line("markers", "wrapper: a PunicaWrapper-level op case (design level 2)")
-    config.addinivalue_line("markers", "e2e: an end-to-end generation case (design level 4, the model)")
-    config.addinivalue_line("markers", "tp: a tensor-parallel LoRA layer case (design level 3, the layer; conformance.tp)")
+    for kind in KINDS:
+        for marker, meaning in kind.markers.items():
+            config.addinivalue_line("markers", f"{marker}: {meaning}")
     option = config.option
     try:
         config.stash[_SHARD_SOURCE_KEY] = _settle_shard(option)
@@ -197,9 +215,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # (the suite's own tests) inherits that variable in its controller
     worker = config.workerinput["workerid"] if hasattr(config, "workerinput") else "main"
     try:
-        target_name = _target_before_the_run(settings)
-        assignment = assign_device(config, target_name) if target_name else None  # before any runtime loads
-        run = ConformanceRun(settings, worker=worker, runs_cases=_runs_cases(config), device_assignment=assignment)
+        facts = _target_facts(config, _target_before_the_run(settings))
+        assignment = assign_device(config, facts) if facts else None  # before any runtime loads
+        run = ConformanceRun(
+            settings, worker=worker, runs_cases=_runs_cases(config), device_assignment=assignment, facts=facts, selection=_selection(config)
+        )
     except (RunError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
     run.on_record = lambda record: label_current_test(record, run.seed)
@@ -216,6 +236,27 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(ControllerRecords(config), "lora-conformance-controller")
         if config.option.progress_every >= 0:
             config.pluginmanager.register(Progress(config, config.option.progress_every), "lora-conformance-progress")
+
+
+def _target_facts(config: pytest.Config, target_name: str | None) -> TargetFacts | None:
+    """The target's facts: an xdist worker's from its controller, else read by a process that imports the
+    target (``conformance.targets.facts``: the pytest process never does); None without a target name yet."""
+    handed = getattr(config, "workerinput", {}).get(_FACTS_INPUT)
+    if handed:
+        return TargetFacts.from_json(handed)
+    if not target_name:
+        return None
+    try:
+        return probe(target_name)
+    except (TargetError, TargetUnavailable) as exc:
+        raise RunError(str(exc).splitlines()[0]) from None
+
+
+def _selection(config: pytest.Config) -> dict:
+    """``-k``, ``-m`` and the node-id arguments as given: the manifest records them (``expected`` lists
+    what they selected), and ``--resume`` refuses others, which would leave expected cases without a result."""
+    node_ids = [str(arg) for arg in config.args if "::" in str(arg)]
+    return {"keyword": config.option.keyword, "markexpr": config.option.markexpr, "node_ids": node_ids}
 
 
 def _settle_shard(option) -> tuple[dict | None, str | None]:
@@ -266,6 +307,11 @@ class ControllerRecords:
         self.config = config
 
     @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        """Each xdist worker gets the target's facts read once here, instead of starting a process to read them."""
+        node.workerinput[_FACTS_INPUT] = self.config.stash[_RUN_KEY].facts.to_json()
+
+    @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids) -> None:
         _write_manifest(self.config, ids)  # every worker collects the same ids: the first one's will do
 
@@ -288,7 +334,7 @@ class ControllerRecords:
             f"the pytest worker {getattr(worker, 'id', '?')} died while running this case (xdist started another; "
             "it reports no signal: rerun with the default --isolation=process to see it)"
         )
-        run.record(broken_result(case_id, case, FailureKind.CRASHED, message), label=False)
+        run.record(run.broken(case_id, case, FailureKind.CRASHED, message), label=False)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -303,9 +349,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
-    """With ``--resume``: keep only the interrupted run's expected cases that have no result yet."""
+    """Drop what is no case of this run: the placeholder item pytest makes of an empty parametrization
+    (``test_case[NOTSET]``), which would be an expected case without a result.
+    With ``--resume``: keep only the interrupted run's expected cases that have no result yet."""
     run = _run_of(config)
-    if run is None or run.resume_manifest is None:
+    if run is None:
+        return
+    known = set(run.cases_by_id())
+    placeholders = [item for item in items if (case_id := journal.case_id_of(item.nodeid)) is not None and case_id not in known]
+    if placeholders:
+        items[:] = [item for item in items if item not in placeholders]  # not "deselected": nothing was selected
+    if run.resume_manifest is None:
         return
     wanted = set(run.resume_manifest["expected"]) - run.done_case_ids()
     keep = [item for item in items if journal.case_id_of(item.nodeid) in wanted]
@@ -315,19 +369,14 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """One test per case of every level (``conformance.levels``), marked by its kind."""
     if "conformance_case" in metafunc.fixturenames:
         run = metafunc.config.stash[_RUN_KEY]
         params = [
-            pytest.param(entry, id=entry[0], marks=[getattr(pytest.mark, OP_SPECS[entry[1].op].level.value)])
+            pytest.param(entry, id=entry[0], marks=[getattr(pytest.mark, name) for name in kind_of(entry[1], run.kinds).marks(entry[1])])
             for entry in run.entries()
         ]
         metafunc.parametrize("conformance_case", params)
-    if "e2e_case" in metafunc.fixturenames:
-        run = metafunc.config.stash[_RUN_KEY]
-        metafunc.parametrize("e2e_case", [pytest.param(c, id=c.case_id, marks=[pytest.mark.e2e]) for c in run.e2e_cases()])
-    if "tp_case" in metafunc.fixturenames:
-        run = metafunc.config.stash[_RUN_KEY]
-        metafunc.parametrize("tp_case", [pytest.param(c, id=c.case_id, marks=[pytest.mark.tp]) for c in run.tp_cases()])
 
 
 @pytest.fixture(scope="session")
@@ -343,6 +392,8 @@ def report_outcome(result: CaseResult) -> None:
     """
     repro = f"\nrepro: {result.repro}" if result.repro else ""
     kind = f" [{', '.join(k.value for k in result.kinds)}]" if result.kinds else ""
+    if result.stability in ("flaky", "nondeterministic"):
+        kind += f" ({result.stability})"
     if result.outcome is Outcome.PASS:
         return
     if result.outcome is Outcome.NOT_SUPPORTED:
@@ -362,8 +413,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if run is None:
         return
     if hasattr(config, "workerinput"):
+        run.close()  # first: a worker's leftover processes are found when it ends
         config.workeroutput["lora_conformance_worker"] = run.worker_info()
-        run.close()
         return
     workers = sorted(config.stash[_WORKERS_KEY], key=lambda w: w["worker"])  # none serially: the run reports itself
     run.close()
@@ -410,6 +461,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     for reason in gate["reasons"]:
         write(f"  - {reason}")
     write("outcomes: " + ", ".join(f"{count} {name}" for name, count in gate["counts"].items()))
+    stability = gate.get("stability") or {}
+    write(f"determinism: {run.repeat} call(s) per case compared bit for bit; {stability.get('nondeterministic', 0)} "
+          f"nondeterministic, {stability.get('flaky', 0)} flaky" + (" (required deterministic)" if run.require_deterministic else ""))
+    write(f"referee: {run.about()['referee']}")
+    document = config.stash.get(_DOCUMENT_KEY, {})
+    for worker in document.get("workers") or []:
+        if worker.get("leftover_processes"):
+            left = worker["leftover_processes"]
+            write(f"worker {worker.get('worker')}: the target left {len(left)} process(es) running, killed with its worker: {', '.join(left[:5])}")
     for entry in gate["known_failures"]:
         write(f"known failure {entry['id']} ({entry['cases']} cases, expires {entry['expires']}): {', '.join(entry['upstream'])}")
     for entry in run.expectations_not_applicable:

@@ -17,6 +17,7 @@ manifest and the journals, as ``python -m conformance.report html DIR`` and ``me
 from __future__ import annotations
 
 import datetime as dt
+import importlib.metadata
 import json
 import os
 import sys
@@ -27,27 +28,26 @@ import torch
 
 import conformance
 from conformance import journal
-from conformance.cases.replay import read_replay, write_replay
+from conformance.cases.replay import read_replay
 from conformance.devices import parse_devices
-from conformance.e2e.cases import e2e_cases
+from conformance.errors import RunError
 from conformance.expectations import apply_expectations, load_expectations, shipped_expectations, split_applicable
-from conformance.generator import DEFAULT_PROFILE, PROFILES, profile_cases
-from conformance.isolation import Breakdown, IsolatedExecutor, LocalExecutor
+from conformance.generator import DEFAULT_PROFILE, PROFILES
+from conformance.isolation import IsolatedExecutor, LocalExecutor
+from conformance.levels import KINDS, CaseKind, kind_of
+from conformance.record import CaseResult
 from conformance.report import write_html_report
 from conformance.report.clusters import add_clusters
 from conformance.report.coverage import add_coverage
 from conformance.report.fingerprint import device_description, environment_fingerprint
-from conformance.runner import CaseResult, check_values, make_values
-from conformance.targets import TargetError, TargetUnavailable, known_targets, resolve
-from conformance.tp.cases import tp_cases
+from conformance.runner import check_values
+from conformance.target_call import DEFAULT_RUNS
+from conformance.targets import TargetError, TargetUnavailable, known_targets
+from conformance.targets.facts import TargetFacts, probe
 from conformance.tp.run import TPExecutor
 from conformance.verdict import FailureKind, Outcome
 
 SUITE_VERSION = conformance.__version__
-
-
-class RunError(ValueError):
-    """The run cannot start as asked; the message names the option and what to do."""
 
 
 @dataclass
@@ -67,6 +67,8 @@ class RunSettings:
     case_timeout: float | None = None
     devices: str | None = None  # --devices: also the device of each tensor-parallel rank (conformance.tp.run)
     device_env: str | None = None
+    repeat: int | None = None  # calls per attempt at a case (default DEFAULT_RUNS), compared bit for bit
+    require_deterministic: bool = False  # a nondeterministic pass fails
 
 
 class CaseEntry(tuple):
@@ -82,19 +84,29 @@ class CaseEntry(tuple):
 
 
 class ConformanceRun:
+    suite_version = SUITE_VERSION
     """Everything one process needs to run cases on one target, and to write what they gave.
 
     ``settings`` are the command-line options (``conformance.plugin`` fills them from pytest's);
     ``worker`` names this process's journal (``main`` serially, ``gw0``… for xdist workers);
     ``runs_cases`` is False for an xdist controller, which loads no target; ``device_assignment`` is
-    what ``--devices`` set for this process (``conformance.devices``), for the record.
+    what ``--devices`` set for this process (``conformance.devices``), for the record; ``facts`` the
+    target's facts when the caller already has them (an xdist worker gets its controller's);
+    ``selection`` how pytest narrowed the cases (:func:`run_selection`), for the manifest and ``--resume``.
+
+    The target is never imported here unless ``--isolation=none``: its facts come from a process that
+    imports it (``conformance.targets.facts``), its cases run in a worker process, and this process
+    draws the values, runs the oracle and judges (``conformance.referee``).
     """
 
     def __init__(
-        self, settings: RunSettings, *, worker: str = "main", runs_cases: bool = True, device_assignment: dict | None = None
+        self, settings: RunSettings, *, worker: str = "main", runs_cases: bool = True, device_assignment: dict | None = None,
+        facts: TargetFacts | None = None, selection: dict | None = None, kinds: tuple[CaseKind, ...] = KINDS,
     ) -> None:
+        self.kinds = kinds
         self.controller = worker == "main"
-        self.resume_manifest = self._resume(settings)
+        self.selection = run_selection(**(selection or {}))
+        self.resume_manifest = self._resume(settings, self.selection)
         self.replay = settings.replay
         self.replay_document: dict | None = None
         self.replay_entry = None
@@ -113,12 +125,22 @@ class ConformanceRun:
             )
         self.worker = worker
         self.device_assignment = device_assignment
+        self.isolation = settings.isolation
+        self._executor = None
+        self._tp_executor = None
+        if self.isolation == "none" and runs_cases:
+            self._executor = self._local_executor()  # load errors are usage errors, as they always were
+            facts = self._executor.facts()
         try:
-            # the class only: the target itself (and its device) is loaded where cases run
-            self.target_class = resolve(self.target_name)
-            self.target_class.check_available()
+            self.facts = facts or probe(self.target_name)
         except (TargetError, TargetUnavailable) as exc:
             raise RunError(str(exc).splitlines()[0]) from None
+        self.repeat = DEFAULT_RUNS if settings.repeat is None else settings.repeat
+        if self.repeat < 1:
+            raise RunError(f"--repeat expects the number of calls per case, at least 1, got {self.repeat}")
+        self.require_deterministic = settings.require_deterministic
+        if self.require_deterministic and self.repeat < 2:
+            raise RunError("--require-deterministic needs at least two calls per case to compare: leave out --repeat=1")
         self.profile = settings.profile or DEFAULT_PROFILE
         self.shrink = settings.shrink
         self.seed = settings.seed or 0
@@ -131,27 +153,24 @@ class ConformanceRun:
             raise RunError(str(exc)) from None
         self.expectations, self.expectations_not_applicable = split_applicable(entries)
         self.today = dt.date.today()
-        self.isolation = settings.isolation
         timeout = settings.case_timeout if settings.case_timeout is not None else PROFILES[self.profile].case_timeout
         if timeout < 0:
             raise RunError(f"--case-timeout expects seconds >= 0 (0: no limit), got {timeout:g}")
         self.case_timeout = timeout if self.isolation == "process" and timeout > 0 else None
         self.journal = journal.Journal(self.report_dir, self.worker)
-        self._executor = None
-        self._tp_executor = None
+        self._e2e_referee = None
         try:
             self.devices = parse_devices(settings.devices)
         except ValueError as exc:
             raise RunError(str(exc)) from None
         self.device_env = settings.device_env
         self.on_record = None  # called with each result's record before it is journalled (Allure labels)
-        if self.isolation == "none" and runs_cases:
-            self._executor = self._local_executor()  # load errors are usage errors, as they always were
 
     @staticmethod
-    def _resume(settings) -> dict | None:
+    def _resume(settings, selection: dict | None = None) -> dict | None:
         """With ``--resume DIR``: the interrupted run's manifest, its target, profile, seed, shard, report
-        dir and expectations copied into ``settings``."""
+        dir and expectations copied into ``settings``; a ``selection`` (``-k``, ``-m``, node ids) other
+        than the run's own is refused."""
         if not settings.resume:
             return None
         if settings.replay:
@@ -171,6 +190,7 @@ class ConformanceRun:
                     f"not {given}; leave the option out to take the run's own"
                 )
             setattr(settings, name, recorded)
+        _check_resumed_selection(settings.resume, manifest.get("selection"), run_selection(**(selection or {})))
         if settings.expectations is None:
             settings.expectations = manifest.get("expectations") or "none"
         return manifest
@@ -197,7 +217,7 @@ class ConformanceRun:
         """Where tensor-parallel cases run: a pool of rank processes (``conformance.tp``), made on first use."""
         if self._tp_executor is None:
             self._tp_executor = TPExecutor(
-                self.target_name, case_timeout=self.case_timeout, torch_threads=torch.get_num_threads(),
+                self.target_name, self.facts, case_timeout=self.case_timeout, torch_threads=torch.get_num_threads(),
                 devices=self.devices, device_env=self.device_env,
             )
         return self._tp_executor
@@ -235,43 +255,34 @@ class ConformanceRun:
         index, count = self.shard
         return [entry for position, entry in enumerate(cases) if position % count == index]
 
-    def entries(self):
-        """``(case_id, case, values or None)`` for every case of this run (of its shard, if any)."""
+    def entries(self) -> list[CaseEntry]:
+        """``(case_id, case, values or None)`` for every case of this run, every level's (of its shard, if any):
+        the replayed case alone with ``--replay``."""
         if self.replay_entry is not None:
             return [CaseEntry(self.replay_entry)]
-        return [CaseEntry((case_id, case, None)) for case_id, case in self._in_shard(profile_cases(self.profile, self.seed))]
-
-    def e2e_cases(self) -> list:
-        """The profile's end-to-end cases (of this shard); none when replaying an op case."""
-        if self.replay_entry is not None:
-            return []
-        return self._in_shard(e2e_cases(self.profile))
-
-    def tp_cases(self) -> list:
-        """The profile's tensor-parallel cases (of this shard); none when replaying an op case."""
-        if self.replay_entry is not None:
-            return []
-        return self._in_shard(tp_cases(self.profile, self.seed))
+        return [CaseEntry((case_id, case, None)) for kind in self.kinds for case_id, case in self._in_shard(kind.cases(self.profile, self.seed))]
 
     def cases_by_id(self) -> dict:
-        """Every case of this run's shard by id: op, end to end and tensor-parallel."""
-        cases = {entry[0]: entry[1] for entry in self.entries()}
-        cases.update((case.case_id, case) for case in self.e2e_cases())
-        cases.update((case.case_id, case) for case in self.tp_cases())
-        return cases
+        """Every case of this run's shard by id, at every level."""
+        return {entry[0]: entry[1] for entry in self.entries()}
+
+    def test_node_id(self, case_id: str) -> str:
+        """The pytest node id of a case: every level's cases are one test, ``test_case`` (``conformance.plugin``)."""
+        return journal.node_id(case_id)
 
     def manifest(self, expected: list[str]) -> dict:
         """The run's manifest (``conformance.journal``), for the cases collected after ``-k``/``-m``."""
         if self.replay_entry is not None:
             whole_list = [self.replay_entry[0]]
         else:
-            whole_list = [case_id for case_id, _ in profile_cases(self.profile, self.seed)]
-            whole_list += [case.case_id for case in e2e_cases(self.profile)]
-            whole_list += [case.case_id for case in tp_cases(self.profile, self.seed)]
+            whole_list = [case_id for kind in self.kinds for case_id, _ in kind.cases(self.profile, self.seed)]
         return {
             **self.about(),
             "environment": environment_fingerprint(environ=os.environ),
             "expected": expected,
+            "selection": self.selection,
+            # Hypothesis draws the op cases: another version may draw others under the same ids (merge checks)
+            "hypothesis_version": hypothesis_version(),
             "shard_cases": list(self.cases_by_id()),
             "case_list": journal.case_list_summary(whole_list),
         }
@@ -280,81 +291,37 @@ class ConformanceRun:
         """With ``--resume``: the cases the interrupted run has a result for."""
         return {record["id"] for record in journal.read_journals(self.report_dir)}
 
-    def run_e2e(self, case) -> CaseResult:
-        try:
-            result = self.executor.run_e2e(case)
-        except (FileNotFoundError, ValueError, ImportError) as exc:  # the fixtures, not the target
-            raise RunError(str(exc)) from None
-        result = apply_expectations(result, self.expectations, self.today)
-        if result.outcome in (Outcome.FAIL, Outcome.BROKEN, Outcome.KNOWN_FAILURE):
-            result.repro = f"pytest 'conformance/test_e2e.py::test_e2e[{case.case_id}]' --target={self.target_name}"
-        self.record(result)
-        return result
+    @property
+    def e2e_referee(self):
+        """The end-to-end referee (fixtures, float64 reference decoder, comparisons), made on first use."""
+        if self._e2e_referee is None:
+            from conformance.e2e.run import E2EReferee
 
-    def run_tp(self, case) -> CaseResult:
-        try:
-            result = self.tp_executor.run(case)
-        except ValueError as exc:  # --devices cannot give every rank a device: the run's options, not the target
-            raise RunError(str(exc)) from None
-        result = apply_expectations(result, self.expectations, self.today)
-        if result.outcome in (Outcome.FAIL, Outcome.BROKEN, Outcome.KNOWN_FAILURE):
-            seed = f" --seed={self.seed}" if self.seed else ""
-            result.repro = f"pytest 'conformance/test_tp.py::test_tp[{case.case_id}]' --target={self.target_name}{seed}"
-        self.record(result)
-        return result
+            try:
+                self._e2e_referee = E2EReferee()
+            except (FileNotFoundError, ValueError, ImportError) as exc:  # the fixtures, not the target
+                raise RunError(str(exc)) from None
+        return self._e2e_referee
 
     def repro_command(self, replay_path: Path) -> str:
         return f"pytest conformance --target={self.target_name} --replay {replay_path}"
 
     def run(self, entry) -> CaseResult:
+        """One case of any level: its kind runs and judges it (``conformance.levels``), then the expectations,
+        the repro (and for op cases the replay and, with ``--shrink``, the shrunk case), and the journal."""
         case_id, case, values = entry
-        result = self.executor.run_op(case_id, case, values)  # values None: drawn where the case runs
+        kind = kind_of(case, self.kinds)
+        result = kind.run(self, case_id, case, values)
         result = apply_expectations(result, self.expectations, self.today)
         shrunk = None
         if result.outcome in (Outcome.FAIL, Outcome.BROKEN, Outcome.KNOWN_FAILURE):
-            path = write_replay(
-                self.report_dir / "replays",
-                case_id,
-                case,
-                make_values(case) if values is None else values,  # the same values: drawn from the case's seed
-                target=self.target_name,
-                outcome=result.outcome.value,
-                message=result.message,
-                suite_version=SUITE_VERSION,
-            )
-            result.replay = str(path)
-            result.repro = self.repro_command(path)
-            if self.shrink and result.outcome is not Outcome.KNOWN_FAILURE:
-                shrunk = self.add_shrunk_case(result)
+            shrunk = kind.after_failure(self, result, values)
         self.record(result, shrunk=shrunk)
         return result
 
-    def add_shrunk_case(self, result: CaseResult) -> dict | None:
-        """Shrink a failure; the shrunk case's replay, repro and structure (the record's ``shrunk``), or None."""
-        if result.kind in (FailureKind.CRASHED, FailureKind.TIMED_OUT):
-            result.message += " (not shrunk: every candidate of a crash or hang would need a process of its own)"
-            return None
-        try:
-            smallest = self.executor.shrink(result, PROFILES[self.profile].limits)
-        except Breakdown as exc:
-            result.message += f" (shrinking stopped: {exc.message})"
-            return None
-        if smallest is None:
-            result.message += " (shrinking found no smaller case failing the same way)"
-            return None
-        path = write_replay(
-            self.report_dir / "replays",
-            f"{result.case_id}.shrunk",
-            smallest,
-            make_values(smallest),
-            target=self.target_name,
-            shrunk_from=result.case_id,
-            suite_version=SUITE_VERSION,
-        )
-        shape = f"{len(smallest.seq_lens)} sequences, {smallest.num_tokens} tokens, {smallest.num_slots} slots, rank {smallest.max_rank}"
-        result.repro = f"{result.repro}\nshrunk ({shape}): {self.repro_command(path)}"
-        # structured, so that a cluster's smallest case can be the shrunk one without reading the repro text
-        return {"replay": str(path), "repro": self.repro_command(path), "case": smallest.to_json()}
+    def broken(self, case_id: str, case, kind: FailureKind, message: str) -> CaseResult:
+        """The broken result of a case that did not return, at its own level."""
+        return kind_of(case, self.kinds).broken(case_id, case, kind, message)
 
     def record(self, result: CaseResult, *, label: bool = True, shrunk: dict | None = None) -> None:
         """Journal the result (the results schema, ``CaseResult.to_json``, with ``shrunk`` where ``--shrink``
@@ -373,7 +340,7 @@ class ConformanceRun:
             info[self.device_assignment["variable"]] = self.device_assignment["device"]
         device = self._executor.device_description() if self._executor is not None else None
         if device is None:
-            device_type = self.target_class.default_device().type
+            device_type = self.facts.device_type
             # a device runtime is only asked in a process that ran cases on it
             device = device_description(device_type) if device_type == "cpu" else {
                 "device": f"{device_type}: not read (no case ran in this process)", "driver": "unknown"}
@@ -381,14 +348,20 @@ class ConformanceRun:
             info["worker_restarts"] = self._executor.restarts
         if self._tp_executor is not None:
             info["tp_pool_starts"] = self._tp_executor.pool_starts
+        # processes the target started and left running when its worker or ranks ended (found, and killed, at
+        # close: call close() first), as "pid N (command)"
+        leftovers = [*getattr(self._executor, "leftover_processes", ()),
+                     *(self._tp_executor.leftover_processes if self._tp_executor is not None else ())]
+        if leftovers:
+            info["leftover_processes"] = leftovers
         return {**info, **device}
 
     def about(self) -> dict:
         return {
             "suite_version": SUITE_VERSION,
             "target": self.target_name,
-            "target_name": self.target_class.name,
-            "target_class": f"{self.target_class.__module__}:{self.target_class.__qualname__}",
+            "target_name": self.facts.name,
+            "target_class": self.facts.reference,
             "profile": self.profile if not self.replay else "replay",
             "seed": self.seed,
             "shard": f"{self.shard[0]}/{self.shard[1]}" if self.shard else None,
@@ -398,6 +371,11 @@ class ConformanceRun:
             "expectations_not_applicable": self.expectations_not_applicable,
             "isolation": self.isolation,
             "case_timeout": self.case_timeout,
+            "repeat": self.repeat,
+            "require_deterministic": self.require_deterministic,
+            # where the oracle and the judgement ran: apart from the target (its worker process), or in
+            # its process (--isolation=none: for a debugger, not for a release verdict)
+            "referee": "apart from the target" if self.isolation == "process" else "in the target's process (--isolation=none)",
             "python": sys.version.split()[0],
         }
 
@@ -434,15 +412,42 @@ class ConformanceRun:
             for entry in self.entries():
                 if entry[0] in expected and entry[0] not in done:
                     self.run(entry)
-            for case in self.e2e_cases():
-                if case.case_id in expected and case.case_id not in done:
-                    self.run_e2e(case)
-            for case in self.tp_cases():
-                if case.case_id in expected and case.case_id not in done:
-                    self.run_tp(case)
-            workers = [self.worker_info()]
         finally:
             self.close()
+        workers = [self.worker_info()]
         document = self.build_document(manifest, workers=workers)
         self.write_document(document)
         return document
+
+
+def run_selection(keyword: str = "", markexpr: str = "", node_ids=()) -> dict:
+    """The manifest's ``selection``: pytest's ``-k`` and ``-m`` expressions and the explicit node-id
+    arguments, as given; all empty for a script run, and for a manifest written before it was recorded.
+
+    ``expected`` lists the cases they selected; the selection itself is kept so that ``--resume`` can
+    refuse another one, which would leave some expected cases without a result.
+    """
+    return {"keyword": keyword or "", "markexpr": markexpr or "", "node_ids": [str(node_id) for node_id in node_ids or ()]}
+
+
+def _check_resumed_selection(report_dir, recorded: dict | None, given: dict) -> None:
+    """Refuse a ``--resume`` given a ``-k``, ``-m`` or node ids other than the interrupted run's own."""
+    recorded = recorded if isinstance(recorded, dict) else {}  # none recorded (an older manifest): no selection
+    recorded = run_selection(recorded.get("keyword"), recorded.get("markexpr"), recorded.get("node_ids"))
+    for option, name in (("-k", "keyword"), ("-m", "markexpr"), ("node ids", "node_ids")):
+        if given[name] and given[name] != recorded[name]:
+            was = f"{option} {recorded[name]!r}" if recorded[name] else f"no {option}"
+            raise RunError(
+                f"--resume {report_dir}: the interrupted run was selected with {was}, not {option} {given[name]!r}; "
+                f"leave {option} out: --resume runs the cases of the run's own selection that have no result yet"
+            )
+
+
+def hypothesis_version() -> str | None:
+    """The installed Hypothesis, which draws the op cases (None where it cannot be read)."""
+    try:
+        return importlib.metadata.version("hypothesis")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+

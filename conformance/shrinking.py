@@ -7,12 +7,15 @@ sizes, seed 0. "The same way" means the same outcome and the same failure kinds
 for a failure confined to rows without adapter, still confined to them. The result is a case a kernel
 author can read in full.
 
-Each candidate runs in the process that runs the failing case's target, so the failures shrunk are
-those the target reports by returning or raising; a crash or a hang of a candidate ends the search
+The search runs beside the referee; each candidate's target call goes to the process that runs the
+target, and comes back to be judged like any case (``run``), so the failures shrunk are those the
+target reports by returning or raising; a crash or a hang of a candidate ends the search
 (``conformance.isolation`` reports it), which is why crashed and timed-out cases are not shrunk.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from hypothesis import HealthCheck, Phase, given, settings
 
@@ -21,8 +24,7 @@ from conformance.compat import without_hypothesis_local_constants
 from conformance.generator.limits import Limits
 from conformance.generator.strategies import cases
 from conformance.ops import OP_SPECS
-from conformance.runner import CaseResult, run_case
-from conformance.targets.base import Target
+from conformance.record import CaseResult
 
 
 def failure_signature(result: CaseResult) -> tuple:
@@ -30,8 +32,11 @@ def failure_signature(result: CaseResult) -> tuple:
     return result.outcome, frozenset(result.kinds), set(result.failing_slots) == {-1}
 
 
-def shrink_failure(target: Target, failing: CaseResult, limits: Limits, max_examples: int = 300) -> Case | None:
-    """The smallest case of ``failing``'s op, dtype and family that fails like it, or None."""
+def shrink_failure(run: Callable[[Case], CaseResult], failing: CaseResult, limits: Limits, max_examples: int = 300) -> Case | None:
+    """The smallest case of ``failing``'s op, dtype and family that fails like it, or None.
+
+    ``run`` judges one candidate (``conformance.runner.run_case`` bound to a target, or the session's
+    own path through the target's worker process)."""
     wanted = failure_signature(failing)
     strategy = cases(OP_SPECS[failing.case.op], failing.case.dtype, failing.case.family, limits)
     smallest: list[Case] = []
@@ -47,7 +52,7 @@ def shrink_failure(target: Target, failing: CaseResult, limits: Limits, max_exam
     )
     @given(strategy)
     def fails_the_same_way(case: Case) -> None:
-        if failure_signature(run_case(target, case)) == wanted:
+        if failure_signature(run(case)) == wanted:
             smallest.append(case)
             raise AssertionError("fails the same way")
 

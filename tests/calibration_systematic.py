@@ -39,7 +39,7 @@ from conformance.cases.case import DTYPES, Case
 from conformance.generator.limits import STANDARD_LIMITS
 from conformance.generator.profiles import profile_cases
 from conformance.ops import OP_SPECS
-from conformance.runner import _float64, execute, make_values, oracle_delta, oracle_magnitude
+from conformance.runner import as_float64, execute, make_values, oracle_delta, oracle_magnitude
 from conformance.targets.reference import ReferenceTarget
 from conformance.targets.registry import load
 from conformance.verdict import FailureKind, judge
@@ -117,7 +117,7 @@ def measure(cases_of_seed, seeds: list[int]) -> tuple[dict[tuple[str, str], Tall
             cases_run += 1
             values = make_values(case)
             reference = ReferenceTarget()
-            oracle = execute(spec, case, _float64(values), reference, cpu)[spec.output]
+            oracle = execute(spec, case, as_float64(values), reference, cpu)[spec.output]
             baseline = execute(spec, case, values, reference, cpu, update_metadata=False)[spec.output]
             delta = oracle_delta(spec, case, values, reference)
             magnitude = oracle_magnitude(spec, case, values, reference)

@@ -100,6 +100,47 @@ class RaisesDeviceError(_MisbehavesInAddLoraLinear):
         raise RuntimeError("synapse error 26: simulated device failure in add_lora_linear")
 
 
+class RaisesSurrogates(_MisbehavesInAddLoraLinear):
+    """An exception whose message holds what a driver's bytes become when decoded with ``surrogateescape``
+    (a lone surrogate), a NUL and a terminal escape: text no UTF-8 writer accepts as it is."""
+
+    name = "raises-surrogates"
+    MESSAGE = "driver said \udcff\udcfe at \x00 then \x1b[31mred\x1b[0m: simulated device failure"
+
+    def misbehave(self) -> None:
+        raise RuntimeError(self.MESSAGE)
+
+
+class UnprintableError(RuntimeError):
+    """An exception type whose ``__str__`` and ``__repr__`` raise (a binding's exception wrapping a dead handle)."""
+
+    def __str__(self) -> str:
+        raise ValueError("the device handle is gone")
+
+    def __repr__(self) -> str:
+        raise ValueError("the device handle is gone")
+
+
+class RaisesUnprintable(_MisbehavesInAddLoraLinear):
+    """An exception that cannot be turned into text: its ``__str__`` and ``__repr__`` raise."""
+
+    name = "raises-unprintable"
+
+    def misbehave(self) -> None:
+        raise UnprintableError("simulated device failure")
+
+
+class RaisesHugeMessage(_MisbehavesInAddLoraLinear):
+    """An exception with a 10 MB message (a runtime that puts a whole device log into its error)."""
+
+    name = "raises-huge-message"
+    SIZE = 10_000_000
+
+    def misbehave(self) -> None:
+        line = "synapse log: simulated device failure in add_lora_linear, queue 0 state dump 0123456789abcdef\n"
+        raise RuntimeError((line * (self.SIZE // len(line) + 1))[: self.SIZE])
+
+
 class ReturnsANewTensor(HpuEmulatedTarget):
     """Computes the right result into a new tensor and returns it, leaving ``y`` untouched: the wrapper
     methods' contract is to write into ``y``, which this silently breaks."""
@@ -114,7 +155,10 @@ class ReturnsANewTensor(HpuEmulatedTarget):
 
 MISBEHAVING = {
     cls.name: cls
-    for cls in (Aborts, ExitsTheProcess, KillsItself, LoopsForever, BlocksForever, RaisesDeviceError, ReturnsANewTensor)
+    for cls in (
+        Aborts, ExitsTheProcess, KillsItself, LoopsForever, BlocksForever, RaisesDeviceError, RaisesSurrogates,
+        RaisesUnprintable, RaisesHugeMessage, ReturnsANewTensor,
+    )
 }
 
 

@@ -86,8 +86,8 @@ class TestExpectations:
         path = tmp_path / "e.toml"
         path.write_text(
             '[[known_failure]]\nid = "old-vllm"\nreason = "r"\nupstream = ["u"]\nexpires = 2027-01-01\n'
-            'versions = { vllm = "<0.33" }\n'
-            '[[known_failure]]\nid = "always"\nreason = "r"\nupstream = ["u"]\nexpires = 2027-01-01\n'
+            'ops = ["bgmv_*"]\nversions = { vllm = "<0.33" }\n'
+            '[[known_failure]]\nid = "always"\nreason = "r"\nupstream = ["u"]\nexpires = 2027-01-01\nops = ["bgmv_*"]\n'
         )
         entries = load_expectations(path)
         applicable, not_applicable = split_applicable(entries, version_of={"vllm": "0.32.0"}.get)

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from conformance.ops import OP_SPECS
+
 from .case import Case
 
 FORMAT = "lora-conformance-replay"
@@ -63,6 +65,11 @@ def read_replay(path: str | Path) -> tuple[str, Case, dict[str, torch.Tensor], d
         case = Case.from_json(document["case"])
     except (TypeError, ValueError) as exc:
         raise ValueError(f"replay file {path}: field 'case': {exc}") from None
+    if case.op not in OP_SPECS:  # here, not as a KeyError where the run first looks the op up
+        raise ValueError(
+            f"replay file {path}: field 'case': unknown op {case.op!r}; this suite's ops are {', '.join(sorted(OP_SPECS))}: "
+            f"correct the op, or replay it with the suite that wrote it (version {document.get('suite_version', 'not recorded')})"
+        )
     tensor_path = path.parent / document["tensors"]
     if not tensor_path.is_file():
         raise ValueError(f"replay file {path}: field 'tensors' names {tensor_path}, which does not exist")

@@ -13,10 +13,34 @@ One idea per module:
   decoder on a target, or by the installed vLLM's ``LLM(enable_lora=True)``;
 * ``compare``: the rules (near-ties, log-prob bounds per dtype);
 * ``cases``: the end-to-end cases as data;
-* ``run``: running one case on one target and judging it against the float64 reference.
+* ``production``: what the target's side hands the referee (plain, picklable data), and which batches
+  a case runs;
+* ``target_runner``: the target's side of a case, everything that runs the target's code (its engine);
+* ``referee``: the referee's side, the float64 reference and the judgement, importing no target;
+* ``run``: both sides composed in one process, running one case on one target and judging it.
+
+The names below load on first use, so that importing the referee loads nothing of the target's side.
 """
 
-from .cases import E2E_CASES, E2ECase, e2e_cases
-from .run import E2EResult, E2ERunner
+from __future__ import annotations
 
-__all__ = ["E2ECase", "E2E_CASES", "E2EResult", "E2ERunner", "e2e_cases"]
+import importlib
+
+_EXPORTS = {
+    "E2ECase": "cases",
+    "E2E_CASES": "cases",
+    "e2e_cases": "cases",
+    "E2EProduction": "production",
+    "E2EReferee": "referee",
+    "E2EResult": "referee",
+    "E2ETargetRunner": "target_runner",
+    "E2ERunner": "run",
+}
+
+__all__ = ["E2ECase", "E2EProduction", "E2EReferee", "E2EResult", "E2ERunner", "E2ETargetRunner", "E2E_CASES", "e2e_cases"]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

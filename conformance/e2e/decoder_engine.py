@@ -16,6 +16,11 @@ from .generation import Generation, Request, Step, slot_assignment
 from .lora_stacks import LoRAStacks
 
 
+def encode_prompt(checkpoint: Checkpoint, tokenizer, prompt: str) -> list[int]:
+    """A prompt's token ids as every engine is fed them: BOS, then the prompt without special tokens."""
+    return [checkpoint.config.bos_token_id] + tokenizer.encode(prompt, add_special_tokens=False).ids
+
+
 class DecoderEngine:
     def __init__(self, target, checkpoint: Checkpoint, adapters: dict[str, Adapter], dtype: torch.dtype) -> None:
         self.checkpoint, self.adapters, self.dtype = checkpoint, adapters, dtype
@@ -24,7 +29,7 @@ class DecoderEngine:
         self._stacks: dict[tuple, LoRAStacks] = {}
 
     def encode(self, prompt: str) -> list[int]:
-        return [self.checkpoint.config.bos_token_id] + self.tokenizer.encode(prompt, add_special_tokens=False).ids
+        return encode_prompt(self.checkpoint, self.tokenizer, prompt)
 
     def _stacks_for(self, slots: tuple[str | None, ...]) -> LoRAStacks:
         if slots not in self._stacks:

@@ -21,6 +21,10 @@ Matching is strict in both directions: a matched case that fails outside the sta
 failure, and a matched case that passes is an *unexpected pass*, which fails the gate so that the
 list never outlives the bug. Shipped files live beside this module as ``<target>.toml``.
 
+Every entry must narrow what it covers by at least one of ``ops`` (a pattern other than ``*``),
+``kinds``, ``failing_rows``, ``features_all`` or ``features_any``; an entry with none of them would turn
+every failure of every case into a known failure, so loading refuses it, naming the entry.
+
 ``kinds`` are values of :class:`conformance.verdict.FailureKind`; without it an entry covers every
 kind of a *fail* (wrong values, writes outside the region, NaN/Inf, …) and no kind of a *broken* case;
 an entry that lists ``raised``, ``crashed`` or ``timed out`` covers a broken case of that kind too.
@@ -197,18 +201,36 @@ def _entry(raw: dict, where: str) -> KnownFailure:
             parsed_versions.append((package, SpecifierSet(str(specifier))))
         except InvalidSpecifier:
             raise fail(f"field 'versions': {package} = {specifier!r} is not a PEP 440 specifier such as \"<0.33\"") from None
+    ops = tuple(raw.get("ops", ("*",)))
+    if not _narrows(ops, kinds, failing_rows, features):
+        raise fail(
+            f"entry {str(raw['id'])!r} names no op, failure kind, symptom or feature, so it would turn every failure "
+            "of every case into a known failure: narrow it with ops (fnmatch patterns other than '*'), kinds, "
+            "failing_rows, features_all or features_any"
+        )
     return KnownFailure(
         id=str(raw["id"]),
         reason=str(raw["reason"]),
         upstream=tuple(upstream),
         expires=expires,
-        ops=tuple(raw.get("ops", ("*",))),
+        ops=ops,
         dtypes=tuple(dtypes) if dtypes is not None else None,
         failing_rows=failing_rows,
         kinds=kinds,
         versions=tuple(parsed_versions),
         **features,
     )
+
+
+def _narrows(ops: tuple[str, ...], kinds: frozenset[FailureKind], failing_rows: str | None, features: dict) -> bool:
+    """Whether an entry covers less than every failure: by op, failure kind, symptom or required feature.
+
+    Without any of them (``dtypes``, ``features_none`` and ``versions`` alone leave nearly every case
+    in), one stale or half-written entry would hide every failure of the target and pass its gate.
+    """
+    by_op = all(str(pattern).strip("*") for pattern in ops)  # "*" (or "**") matches every op
+    by_kind = not FAIL_KINDS <= kinds  # the default covers every fail kind
+    return by_op or by_kind or failing_rows is not None or bool(features["features_all"] or features["features_any"])
 
 
 def load_expectations(path: str | Path) -> tuple[KnownFailure, ...]:

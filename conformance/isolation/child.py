@@ -2,7 +2,8 @@
 
 It loads the target once, then answers calls from its parent (``conformance.isolation.process``) one
 at a time, as ``conformance.isolation.protocol`` says. It never decides an outcome itself; when it
-dies or hangs, the parent does. Before anything else it arranges that
+dies or hangs, the parent does. Before anything else it arranges (``conformance.isolation.worker.prepare_child``,
+as every tensor-parallel rank does) that
 
 * it dies with its parent (``PR_SET_PDEATHSIG`` on Linux), so a killed run leaves no process holding a
   device;
@@ -13,45 +14,35 @@ dies or hangs, the parent does. Before anything else it arranges that
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import pickle
-import signal
 import sys
-import threading
 import traceback
 from multiprocessing.connection import Connection
 
-from conformance.isolation.protocol import MAIN_THREAD_LINE, STACK_DUMP_SIGNAL
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:  # the parent ended before the line above took effect
-        os._exit(1)
-
-
-def _dump_stacks_into(path: str):
-    stream = open(path, "w", buffering=1)
-    stream.write(f"{MAIN_THREAD_LINE}0x{threading.get_ident():016x}\n")
-    faulthandler.enable(file=stream, all_threads=True)
-    faulthandler.register(STACK_DUMP_SIGNAL, file=stream, all_threads=True, chain=False)
-    return stream
+from conformance.isolation.protocol import Tag
+from conformance.isolation.worker import prepare_child
+from conformance.text import describe_exception, safe_text
 
 
 def _portable(exc: BaseException) -> BaseException:
-    """``exc`` with the worker's traceback as a note, or a RuntimeError saying the same if it cannot be pickled."""
-    text = "".join(traceback.format_exception(exc)).rstrip()
+    """``exc`` with the worker's traceback as a note; or, when it cannot be pickled or its message is not
+    safe text (``str()`` raises, or it holds surrogates or control characters, or is longer than
+    ``conformance.text.MESSAGE_LIMIT``), a RuntimeError saying the same in safe text. Never raises."""
     try:
-        exc.add_note(f"(raised in the isolated worker process {os.getpid()}:\n{text})")
-        pickle.dumps(exc)
-        return exc
-    except Exception:  # noqa: BLE001 - an exception type that does not pickle
-        return RuntimeError(f"{type(exc).__name__}: {exc}\n{text}")
+        text = safe_text("".join(traceback.format_exception(exc)).rstrip())
+    except Exception:  # noqa: BLE001 - formatting a hostile exception can raise: say what it is instead
+        text = describe_exception(exc)
+    note = f"(raised in the isolated worker process {os.getpid()}:\n{text})"
+    try:
+        message = str(exc)
+        if type(message) is str and safe_text(message) == message:
+            exc.add_note(note)
+            pickle.dumps(exc)
+            return exc
+    except Exception:  # noqa: BLE001 - an exception type that does not pickle, or whose str() raises
+        pass
+    return RuntimeError(f"{describe_exception(exc)}\n{note}")
 
 
 def main(argv: list[str]) -> int:
@@ -62,8 +53,7 @@ def main(argv: list[str]) -> int:
         replies.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
     config = pickle.loads(commands.recv_bytes())
-    _die_with_parent(config["parent_pid"])
-    stacks = _dump_stacks_into(config["stack_file"])  # noqa: F841 - kept open until the process ends
+    prepare_child(config)
     import torch
 
     torch.set_num_threads(config["torch_threads"])
@@ -71,23 +61,23 @@ def main(argv: list[str]) -> int:
 
     try:
         executor = LocalExecutor(config["target"])
-        reply(("ready", executor.device_description()))
+        reply((Tag.READY, executor.device_description()))
     except Exception as exc:  # noqa: BLE001 - the parent reports it for every case
-        reply(("raise", _portable(exc)))
+        reply((Tag.RAISE, _portable(exc)))
         return 1
     while True:
         try:
             method, args = pickle.loads(commands.recv_bytes())
         except EOFError:  # the parent closed the pipe: the run is over
             return 0
-        if method == "exit":
+        if method == Tag.EXIT:
             return 0
         try:
             value = getattr(executor, method)(*args)
         except Exception as exc:  # noqa: BLE001 - the harness's own errors travel back to the parent
-            reply(("raise", _portable(exc)))
+            reply((Tag.RAISE, _portable(exc)))
         else:
-            reply(("ok", value))
+            reply((Tag.OK, value))
 
 
 if __name__ == "__main__":

@@ -20,16 +20,23 @@ report rather than a list of test names:
   names each failure's cluster in its result's message (``fail [numerics] cluster 1/2 "…": …``) and
   puts one category per cluster before ``CATEGORIES``, so Allure's Categories tab lists the distinct
   problems: "Problem 1/1: rows without adapter receive a delta (wrote outside its region; 733 cases in
-  15 ops)".
+  15 ops)";
+* safe text (:func:`install_safe_text_results`, installed when this module is imported): allure-pytest
+  writes each result as UTF-8 JSON as its case ends, and a lone surrogate in a target's message (what a
+  driver's bytes decoded with ``surrogateescape`` give) once made that writer raise and lose every later
+  case; a plugin of allure's own plugin manager, called before its file writer, makes every string of a
+  result or container safe text (``conformance.text``), cutting the message and trace to a bounded size.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from conformance.journal import case_id_of
 from conformance.report.clusters import cluster_of, document_clusters, label_message
+from conformance.text import MESSAGE_LIMIT, safe_text, without_surrogates
 from conformance.verdict import Outcome
 from conformance.verdict.failure_kind import FailureKind
 
@@ -136,16 +143,21 @@ def label_clusters(results_dir, document: dict) -> int:
     records = {record["id"]: record for record in document.get("results") or []}
     labelled = 0
     for path in sorted(results_dir.glob("*-result.json")):
-        result = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            result = json.loads(path.read_text(encoding="utf-8", errors="surrogateescape"))
+        except (OSError, ValueError):  # not a result allure-pytest wrote whole: left as it is, unlabelled
+            continue
+        if not isinstance(result, dict):
+            continue
         case_id = case_id_of(str(result.get("name", "")))
         cluster = by_case.get(case_id)
         details = result.get("statusDetails") or {}
-        if cluster is None or not details:
+        if cluster is None or not details or case_id not in records:
             continue
         for field in ("message", "trace"):
             if details.get(field):
                 details[field] = label_message(details[field], records[case_id], cluster, len(clusters))
-        path.write_text(json.dumps(result), encoding="utf-8")
+        path.write_text(json.dumps(without_surrogates(result)), encoding="utf-8")
         labelled += 1
     # the kinds' categories stay, after the clusters': they take what no cluster names (a known failure, …)
     (results_dir / "categories.json").write_text(json.dumps(cluster_categories(document) + CATEGORIES, indent=1) + "\n")
@@ -157,7 +169,7 @@ def write_results_extras(results_dir, fingerprint: dict) -> None:
     results_dir = Path(results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     lines = [f"{_escape_key(k)}={_escape_value(v)}" for k, v in fingerprint.items()]
-    (results_dir / "environment.properties").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (results_dir / "environment.properties").write_text("\n".join(lines) + "\n", encoding="utf-8", errors="backslashreplace")
     (results_dir / "categories.json").write_text(json.dumps(CATEGORIES, indent=1) + "\n")
 
 
@@ -168,3 +180,64 @@ def _escape_key(key) -> str:  # java.util.Properties: '=', ':', whitespace and '
 def _escape_value(value) -> str:
     text = str(value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
     return ("\\" + text) if text.startswith(" ") else text
+
+
+# -- safe text in what allure-pytest writes ----------------------------------------------------------
+
+SAFE_TEXT_PLUGIN = "lora-conformance-safe-text"
+TRACE_LIMIT = 2 * MESSAGE_LIMIT  # a trace repeats the message after pytest's lines of the raising frame
+
+
+def safe_allure_item(item, _depth: int = 0) -> None:
+    """Make every string of an allure-commons model object (a test result or container, its status details,
+    steps, parameters, labels, …) safe text, in place: surrogates and control characters escaped
+    (``conformance.text.safe_text``), the message cut to ``MESSAGE_LIMIT`` characters and the trace to
+    ``TRACE_LIMIT``. Never raises."""
+    fields = getattr(type(item), "__attrs_attrs__", None)
+    if fields is None or _depth > 20:
+        return
+    for field in fields:
+        try:
+            value = getattr(item, field.name)
+            limit = {"message": MESSAGE_LIMIT, "trace": TRACE_LIMIT}.get(field.name, sys.maxsize)
+            if isinstance(value, str):
+                setattr(item, field.name, safe_text(value, limit))
+            elif isinstance(value, list):
+                value[:] = [safe_text(v, limit) if isinstance(v, str) else v for v in value]
+                for element in value:
+                    safe_allure_item(element, _depth + 1)
+            else:
+                safe_allure_item(value, _depth + 1)
+        except Exception:  # noqa: BLE001 - making text safe must not be what loses a result
+            continue
+
+
+def install_safe_text_results() -> bool:
+    """Register, once per process, the allure-commons plugin that makes each result and container safe
+    text (:func:`safe_allure_item`) before allure-pytest's file logger writes it (``tryfirst``: the
+    logger's ``json.dump(..., ensure_ascii=False)`` into a UTF-8 file raises on a lone surrogate). False
+    without allure-commons installed."""
+    try:
+        import allure_commons
+    except ImportError:
+        return False
+    manager = allure_commons.plugin_manager
+    if manager.has_plugin(SAFE_TEXT_PLUGIN):
+        return True
+
+    class SafeTextResults:
+        @allure_commons.hookimpl(tryfirst=True)
+        def report_result(self, result) -> None:
+            safe_allure_item(result)
+
+        @allure_commons.hookimpl(tryfirst=True)
+        def report_container(self, container) -> None:
+            safe_allure_item(container)
+
+    manager.register(SafeTextResults(), SAFE_TEXT_PLUGIN)
+    return True
+
+
+# conformance.plugin imports this module in every process that runs cases (a serial run, each xdist
+# worker), before allure-pytest writes any result there: installing here covers them all
+install_safe_text_results()

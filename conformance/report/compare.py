@@ -165,6 +165,9 @@ def _run(label: str, source: str, document: dict) -> dict:
         "gate_passed": gate.get("passed"),
         "counts": dict(Counter(r["outcome"] for r in document["results"])),
         "missing": len(document.get("missing") or []),
+        # which cases were not deterministic in this run (conformance.record): ids by stability
+        "stability": {label: sorted(r["id"] for r in document["results"] if r.get("stability") == label)
+                      for label in ("nondeterministic", "flaky")},
         "environment": {key: environment[key] for key in ("device", "torch", "vllm", "git_commit") if key in environment},
     }
 

@@ -97,7 +97,8 @@ def _summary(comparison: dict, labels: list[str]) -> str:
 
 
 def _runs(runs: list[dict], colours: dict[str, str]) -> str:
-    head = "<tr><th>run</th><th>source</th><th>target</th><th>expectations</th><th>gate</th><th>outcomes</th><th>environment</th></tr>"
+    head = ("<tr><th>run</th><th>source</th><th>target</th><th>expectations</th><th>gate</th><th>outcomes</th>"
+            "<th>determinism</th><th>environment</th></tr>")
     rows = []
     for run in runs:
         gate = {True: "PASS", False: "FAIL"}.get(run["gate_passed"], "—")
@@ -108,9 +109,17 @@ def _runs(runs: list[dict], colours: dict[str, str]) -> str:
         rows.append(
             f'<tr data-run="{escaped(run["label"])}"><th>{_swatch(colours[run["label"]])} {escaped(run["label"])}</th>'
             f"<td><code>{escaped(run['source'])}</code></td><td>{escaped(run['target'])}</td><td>{escaped(run['expectations'] or 'none')}</td>"
-            f'<td>{gate}</td><td>{_badges(counts)}</td><td class="muted">{escaped(environment)}</td></tr>'
+            f'<td>{gate}</td><td>{_badges(counts)}</td><td>{_stability(run.get("stability") or {})}</td>'
+            f'<td class="muted">{escaped(environment)}</td></tr>'
         )
     return f'<section><h2>Runs</h2><table id="runs">{head}{"".join(rows)}</table></section>'
+
+
+def _stability(stability: dict) -> str:
+    """"2 nondeterministic, 1 flaky" with the ids in a tooltip; "—" when every case repeated itself."""
+    parts = [f'<span title="{escaped(", ".join(ids[:50]))}">{len(ids)} {escaped(label)}</span>'
+             for label, ids in stability.items() if ids]
+    return ", ".join(parts) or "—"
 
 
 def _rank(entry: dict) -> tuple:

@@ -24,6 +24,7 @@ machines differ, ``class="differs"`` on the rows that do), ``id="workers"`` (dev
 from __future__ import annotations
 
 import math
+import sys
 from collections import Counter, defaultdict
 from html import escape
 from pathlib import Path
@@ -32,6 +33,7 @@ from conformance.cases.features import FEATURE_DOCS
 from conformance.ops.level import LEVEL_ORDER
 from conformance.report.clusters import cluster_of, document_clusters
 from conformance.report.coverage import HEADLINE, document_coverage
+from conformance.text import safe_text
 from conformance.verdict import Outcome
 
 # Outcome → (css class, background colour). Order is the order of the legend and of a cell's badges.
@@ -80,7 +82,8 @@ def write_html_report(document: dict, path) -> Path:
     """Render ``document`` (the content of ``results.json``) to ``path``; return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html_report(document), encoding="utf-8")
+    # every value is safe text already (``escaped``); backslashreplace all the same: writing never fails
+    path.write_text(render_html_report(document), encoding="utf-8", errors="backslashreplace")
     return path
 
 
@@ -102,6 +105,7 @@ def render_html_report(document: dict) -> str:
         _coverage(document_coverage(document), _dtypes(results)),
         _missing(document),
         _failures(results, clusters, cluster_of(document)),
+        _determinism(document, results),
         _known_failures(gate, results),
         _not_applicable(document),
         _budget_plot(results),
@@ -112,7 +116,9 @@ def render_html_report(document: dict) -> str:
 
 
 def escaped(value) -> str:
-    return escape("" if value is None else str(value))
+    """``value`` as HTML text; surrogates and control characters (a target's message can hold them) shown as
+    backslash escapes (``conformance.text.safe_text``, nothing cut), so the page is valid UTF-8."""
+    return escape("" if value is None else safe_text(value, limit=sys.maxsize))
 
 
 def badge(outcome: str, text, styles: dict = OUTCOME_STYLE) -> str:
@@ -259,6 +265,9 @@ def _run(document: dict, results: list[dict]) -> str:
     if document.get("isolation"):
         timeout = document.get("case_timeout")
         rows.append(("isolation", f"{document['isolation']}, case timeout " + (f"{timeout:g} s" if timeout else "none")))
+    if document.get("referee"):
+        rows.append(("referee", f"{document['referee']}; {document.get('repeat', 1)} call(s) per case compared bit for bit"
+                     + (", determinism required" if document.get("require_deterministic") else "")))
     if document.get("case_list"):
         expected = len(document.get("expected") or [])
         shard = len(document.get("shard_cases") or [])
@@ -344,7 +353,7 @@ def _failures(results: list[dict], clusters: list[dict], cluster_by_case: dict[s
 def _failure_row(result: dict, cluster: int | None) -> str:
     m = result.get("measurement") or {}
     repro = result.get("repro")
-    detail = f"<div>{escaped(result.get('message'))}</div>"
+    detail = f"<div>{escaped(safe_text(result.get('message') or ''))}</div>"  # cut to MESSAGE_LIMIT: a message can be 10 MB
     if repro:
         detail += f'<pre class="repro">{escaped(repro)}</pre>'
     if result.get("replay"):
@@ -357,6 +366,31 @@ def _failure_row(result: dict, cluster: int | None) -> str:
         f"<td>{escaped(result['dtype'])}</td><td class=\"num\">{_number(m.get('max_abs_error'))}</td>"
         f"<td class=\"num\">{_number(m.get('max_ulp'))}</td>"
         f"<td class=\"num\">{_number(m.get('budget_ratio'))}</td><td>{detail}</td></tr>"
+    )
+
+
+def _determinism(document: dict, results: list[dict]) -> str:
+    """Cases whose repeated calls differed (nondeterministic) or whose verdict did not repeat (flaky)."""
+    unstable = [r for r in results if r.get("stability") in ("flaky", "nondeterministic")]
+    if not unstable:
+        return ""
+    rows = []
+    for result in sorted(unstable, key=lambda r: (r["stability"], r["id"])):
+        measured = result.get("determinism") or {}
+        rows.append(
+            f'<tr><td><code><a href="#case-{escaped(result["id"])}">{escaped(result["id"])}</a></code></td>'
+            f"<td>{escaped(result['stability'])}</td><td>{badge(result['outcome'], result['outcome'])}</td>"
+            f"<td class=\"num\">{escaped(measured.get('calls', '—'))}</td>"
+            f"<td class=\"num\">{escaped(measured.get('differing_elements', '—'))}</td>"
+            f"<td class=\"num\">{_number(measured.get('max_abs_difference'))}</td></tr>"
+        )
+    return (
+        f'<section id="determinism"><h2>Determinism ({len(unstable)})</h2>'
+        "<p>Each case's target call is repeated on fresh copies of its inputs and compared bit for bit, and a failing "
+        "case is attempted twice. <b>nondeterministic</b>: the calls differ (a pass unless determinism is required); "
+        "<b>flaky</b>: the verdict did not repeat (it still fails the gate).</p>"
+        "<table><tr><th>case</th><th>stability</th><th>outcome</th><th>calls</th><th>differing elements</th>"
+        f"<th>largest difference</th></tr>{''.join(rows)}</table></section>"
     )
 
 

@@ -5,7 +5,7 @@ problem (``conformance.report.clusters`` groups them once every result is in). S
 wrote is read again at the end of the run and each clustered failure's message (the ``message``
 attribute and the text of its ``<failure>``/``<error>``) gets its cluster after the kinds: CI's test
 list then reads "cluster 1/1" on all 733 failures of one bug. Test cases are matched to results by
-their case id (``test_op[ID]``, ``test_e2e[ID]``); what is not a conformance case is left as it is.
+their case id (``test_case[ID]``); what is not a conformance case is left as it is.
 """
 
 from __future__ import annotations

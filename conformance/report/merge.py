@@ -3,9 +3,13 @@
 Every input must come from the same suite version, target, profile and seed, drawn by the same
 Hypothesis version, with the same case list (the ``case_list`` digest each run records): otherwise
 the cases are not the same population and the merged verdict would mean nothing; such inputs are
-refused. Each input's environment fingerprint is kept (``environments``) when they differ, and every
-input's workers with their devices (``workers``). The failure clusters and the coverage are those of
-the union, computed again (``conformance.report.clusters``, ``conformance.report.coverage``).
+refused. Nor may a result hold another case than the one its id names: merge draws the profile's
+cases again (from its profile and seed, with the installed Hypothesis, which must be the one each input
+records as ``hypothesis_version``) and refuses a result whose ``case`` differs, naming the input, the
+case and the first field that differs. Each input's environment fingerprint is kept
+(``environments``) when they differ, and every input's workers with their devices (``workers``). The
+failure clusters and the coverage are those of the union, computed again
+(``conformance.report.clusters``, ``conformance.report.coverage``).
 
 The merged gate is the gate over the union (``conformance.gate``), and it fails, naming the cases,
 when the inputs do not add up to exactly the profile's case list: a case of some input's shard
@@ -17,9 +21,11 @@ for a reason its results do not show (pytest interrupted).
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from pathlib import Path
 
+import conformance
 from conformance.gate import gate_verdict, listed
 from conformance.journal import build_document, case_list_summary
 from conformance.report.clusters import add_clusters
@@ -44,8 +50,12 @@ def read_document(path) -> dict:
     return document
 
 
-def merge_documents(documents: list[dict], sources: list[str] | None = None) -> dict:
-    """One results document (with a fresh gate and summary) from ``documents``."""
+def merge_documents(documents: list[dict], sources: list[str] | None = None, *, check_cases: bool = True) -> dict:
+    """One results document (with a fresh gate and summary) from ``documents``.
+
+    ``check_cases=False`` leaves out drawing the profile again to check each result's case: only for
+    documents built by hand to exercise the other checks; the ``merge`` command always checks.
+    """
     if not documents:
         raise MergeError("nothing to merge")
     sources = [str(s) for s in sources] if sources else [f"input {i + 1}" for i in range(len(documents))]
@@ -58,6 +68,8 @@ def merge_documents(documents: list[dict], sources: list[str] | None = None) -> 
                     f"but {document.get(field)!r} in {source}"
                 )
     _check_same_population(documents, sources)
+    if check_cases:
+        _check_cases_drawn(documents, sources)
     by_id: dict[str, tuple[dict, str]] = {}
     duplicated: list[str] = []
     for source, document in zip(sources, documents):
@@ -138,6 +150,96 @@ def _check_same_population(documents: list[dict], sources: list[str]) -> None:
                 f"cannot merge: {source} was drawn from another case list ({document['case_list']['count']} cases, "
                 f"{document['case_list']['digest']}) than {sources[0]} ({first['count']} cases, {first['digest']})"
             )
+
+
+def _check_cases_drawn(documents: list[dict], sources: list[str]) -> None:
+    """Refuse a result whose case is not the case this suite draws under its id.
+
+    A shard's ``case_list`` digest only says which ids the profile has; a results.json edited by hand,
+    or drawn by another suite or Hypothesis version, can hold other cases under the same ids, and the
+    merged verdict would then judge cases nobody ran. So the profile's cases are drawn again from its
+    profile and seed (op, end-to-end and tensor-parallel, as ``ConformanceRun.manifest`` lists them)
+    and every result's ``case`` must be that case's ``to_json()``. A shard drawn with another Hypothesis
+    version (the manifest's ``hypothesis_version``) is refused outright; one that does not record it
+    (an older suite) is checked all the same. A replay run holds one case frozen with its tensors: nothing
+    is drawn, and it is merged as before.
+    """
+    installed = _installed_hypothesis()
+    drawn: dict[tuple, dict] = {}
+    for source, document in zip(sources, documents):
+        if document.get("profile") == "replay":
+            continue
+        recorded = document.get("hypothesis_version")
+        if recorded is not None and recorded != installed:
+            raise MergeError(
+                f"cannot merge: {source} was drawn with Hypothesis {recorded}, but this environment has {installed}: "
+                f"another version may draw other cases under the same ids, so its results cannot be checked; merge "
+                f"where Hypothesis {recorded} is installed, or rerun the shard with {installed}"
+            )
+        key = (document.get("profile"), document.get("seed") or 0)
+        if key not in drawn:
+            drawn[key] = _drawn_cases(*key, source, document)
+        profile, seed = key
+        for result in document["results"]:
+            case = drawn[key].get(result["id"])
+            if case is not None and result.get("case") == case:
+                continue
+            if case is None:
+                problem = f"case {result['id']} is not a case of profile {profile} seed {seed}"
+            elif not isinstance(result.get("case"), dict):
+                problem = f"case {result['id']} records no case object"
+            else:
+                field = next(name for name in [*case, *result["case"]] if result["case"].get(name, _ABSENT) != case.get(name, _ABSENT))
+                recorded_value = result["case"].get(field, "nothing")
+                problem = (
+                    f"case {result['id']} records {field!r} = {recorded_value!r}, but profile {profile} seed {seed} draws "
+                    f"{case.get(field, 'nothing')!r} under that id"
+                )
+            raise MergeError(f"cannot merge: {source}: {problem}{_why_cases_differ(document, installed)}")
+
+
+_ABSENT = object()
+
+
+def _installed_hypothesis() -> str | None:
+    """The Hypothesis this merge would draw with (None where it cannot be read)."""
+    try:
+        return importlib.metadata.version("hypothesis")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _drawn_cases(profile: str, seed: int, source: str, document: dict) -> dict[str, dict]:
+    """Every case of ``profile`` and ``seed`` by id, as JSON (what results.json holds), drawn here."""
+    # imported here: the html command (and a replay merge) never draws a profile
+    from conformance.e2e.cases import e2e_cases
+    from conformance.generator import PROFILES, profile_cases
+    from conformance.tp.cases import tp_cases
+
+    if profile not in PROFILES:
+        raise MergeError(
+            f"cannot merge: {source} ran profile {profile!r}, which this suite ({conformance.__version__}) does not have "
+            f"({', '.join(sorted(PROFILES))}), so its cases cannot be drawn again to check them; merge with the suite "
+            f"that ran it ({document.get('suite_version')})"
+        )
+    cases = dict(profile_cases(profile, seed))
+    cases.update((case.case_id, case) for case in e2e_cases(profile))
+    cases.update((case.case_id, case) for case in tp_cases(profile, seed))
+    return {case_id: json.loads(json.dumps(case.to_json())) for case_id, case in cases.items()}
+
+
+def _why_cases_differ(document: dict, installed: str | None) -> str:
+    """What may have drawn other cases, and the fix, for a shard whose results are not this suite's draws."""
+    causes = []
+    if document.get("suite_version") != conformance.__version__:
+        causes.append(f"it was run by suite {document.get('suite_version')}, this is {conformance.__version__}")
+    if document.get("hypothesis_version") is None:
+        causes.append(f"it records no Hypothesis version, so the one that drew it is unknown (this environment has {installed})")
+    cause = f" ({'; '.join(causes)})" if causes else ""
+    return (
+        f"{cause}: its results are not of the cases this suite draws, and a results.json edited by hand cannot be "
+        "merged; rerun the shard with this suite and merge its own results.json"
+    )
 
 
 def _joined(documents: list[dict], field: str):

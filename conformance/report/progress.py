@@ -20,7 +20,7 @@ import pytest
 
 
 def group_of(nodeid: str) -> str:
-    """``test_op[bgmv_shrink-fp16-…]`` → ``bgmv_shrink``; a test without parameters → its name."""
+    """``test_case[bgmv_shrink-fp16-…]`` → ``bgmv_shrink``; a test without parameters → its name."""
     name = nodeid.rsplit("::", 1)[-1]
     if "[" in name:
         return name.split("[", 1)[1].rstrip("]").split("-", 1)[0]

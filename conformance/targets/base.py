@@ -15,6 +15,8 @@ A target is a plain Python class (no pytest, no reports), so a vendor can also d
   ``bgmv_expand_slice``, ``sgmv_shrink``, ``sgmv_expand``, ``sgmv_expand_slice``, ``lora_shrink``,
   ``lora_expand``;
 * ``synchronize()``: wait for the device before outputs are read;
+* ``device_traits()`` (classmethod): the visible-devices variable and ``torch.distributed`` backend of
+  its device type (built in for cpu, cuda and hpu; a new device type states its own);
 * ``generation_engine``: how the end-to-end cases run on it: ``"decoder"`` (the suite's small decoder,
   every LoRA delta through the wrapper methods above) or ``"vllm"`` (the installed vLLM engine,
   ``LLM(enable_lora=True)``, on the target's device).
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from conformance.devices import DeviceTraits
 from conformance.ops import Level, ops_at
 
 if TYPE_CHECKING:
@@ -69,6 +72,15 @@ class Target:
     @classmethod
     def default_device(cls) -> torch.device:
         return torch.device("cpu")
+
+    @classmethod
+    def device_traits(cls) -> DeviceTraits:
+        """What the harness must know of this target's device type: the visible-devices variable
+        ``--devices`` sets and the ``torch.distributed`` backend of its tensor-parallel ranks. The
+        built-in device types (cpu, cuda, hpu) have theirs; a target on another device type overrides
+        this, or its tensor-parallel cases are reported not supported and ``--devices`` asks for
+        ``--device-env``."""
+        return DeviceTraits.builtin(cls.default_device().type)
 
     def implemented_ops(self) -> tuple[str, ...]:
         """The registered ops this target defines (an op set to None is not defined)."""

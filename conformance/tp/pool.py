@@ -4,31 +4,31 @@ Starting a rank costs a Python process with torch and the target loaded (about a
 more with a device runtime), so a pool is started once per TP size and serves every case of that size.
 When a case goes wrong the pool cannot be trusted any more (a collective may be half done on some
 ranks): a rank that raises, dies or does not answer within the case timeout ends the whole pool, the
-case is recorded (:class:`RankFailure`), and the next case starts a fresh pool. Ranks are started like
-the op worker (``conformance.isolation.process``): spawned (never forked), the parent's environment
-and ``sys.path``, a session of their own, dying with their parent; a hung rank is asked for its
-Python stacks (SIGUSR1) before it is killed, so the record says where it was.
+case is recorded (:class:`RankFailure`), and the next case starts a fresh pool. Each rank is a
+:class:`conformance.isolation.worker.WorkerProcess`, as the op worker is: spawned (never forked), the
+parent's environment and ``sys.path``, a session and process group of its own, dying with its parent;
+a hung rank is asked for its Python stacks (SIGUSR1) before it is killed, so the record says where it
+was; ending a rank ends its whole process group, and what the target left running there is kept in
+``RankPool.leftover_processes``.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
-from multiprocessing.connection import Connection, wait
-from pathlib import Path
+from multiprocessing.connection import wait
 
-from conformance.isolation.process import describe_exit, main_thread_frames
-from conformance.isolation.protocol import STACK_DUMP_SIGNAL
+from conformance.isolation.protocol import Tag
+from conformance.isolation.worker import STACK_DUMP_WAIT, WorkerProcess, describe_exit, describe_leftovers
+from conformance.text import safe_text
 from conformance.verdict import FailureKind
 
 START_TIMEOUT = 600.0  # seconds for every rank to load torch and the target and join the process group
-STACK_DUMP_WAIT = 2.0
 CRASH_GRACE = 0.5  # after a rank raises, how long to look whether a peer died (its death is the cause)
+
+__all__ = ["CRASH_GRACE", "START_TIMEOUT", "STACK_DUMP_WAIT", "RankFailure", "RankPool"]
 
 
 class RankFailure(Exception):
@@ -38,20 +38,6 @@ class RankFailure(Exception):
     def __init__(self, kind: FailureKind | None, message: str, ranks: tuple[int, ...] = ()) -> None:
         super().__init__(message)
         self.kind, self.message, self.ranks = kind, message, ranks
-
-
-class _Rank:
-    def __init__(self, rank: int, process: subprocess.Popen, commands: Connection, replies: Connection, stack_file: str) -> None:
-        self.rank, self.process, self.commands, self.replies, self.stack_file = rank, process, commands, replies, stack_file
-
-    def send(self, message) -> None:
-        self.commands.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-    def frames(self) -> str:
-        try:
-            return main_thread_frames(Path(self.stack_file).read_text(errors="replace"))
-        except OSError:
-            return ""
 
 
 class RankPool:
@@ -67,14 +53,21 @@ class RankPool:
             raise ValueError(f"tensor parallelism {tp_size} needs {tp_size} devices, one per rank; --devices gives {len(devices)}")
         self.target_name, self.tp_size, self.torch_threads = target_name, tp_size, torch_threads
         self.devices, self.device_env = devices, device_env
-        self._ranks: list[_Rank] = []
+        self._ranks: list[WorkerProcess] = []  # by rank
         self._directory: str | None = None
         self.device: dict | None = None  # rank 0's device description, once the pool started
         self.starts = 0
+        # processes a target started and left running in a rank's process group, found when the ranks were
+        # ended (after a failure, or at close) and killed with them: "pid N (command)"
+        self.leftover_processes: list[str] = []
 
     @property
     def alive(self) -> bool:
         return bool(self._ranks)
+
+    def leftover_description(self) -> str:
+        """What a record says about ``leftover_processes``: "the target left N process(es) running: …; they were killed", or ""."""
+        return describe_leftovers(self.leftover_processes)
 
     def start(self) -> None:
         """Start every rank and wait until each has loaded the target and joined the process group."""
@@ -82,26 +75,20 @@ class RankPool:
             return
         self.starts += 1
         self._directory = tempfile.mkdtemp(prefix=f"lora-conformance-tp{self.tp_size}-")
-        environment = dict(os.environ)
-        environment["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
         for rank in range(self.tp_size):
-            to_child_read, to_child_write = os.pipe()
-            from_child_read, from_child_write = os.pipe()
-            stack_file = os.path.join(self._directory, f"rank{rank}.stacks")
-            Path(stack_file).touch()
-            process = subprocess.Popen(
-                [sys.executable, "-m", "conformance.tp.rank", str(to_child_read), str(from_child_write)],
-                pass_fds=(to_child_read, from_child_write), stdin=subprocess.DEVNULL, env=environment, start_new_session=True,
-            )
-            os.close(to_child_read)
-            os.close(from_child_write)
-            member = _Rank(rank, process, Connection(to_child_write, readable=False), Connection(from_child_read, writable=False), stack_file)
+            device = self.devices[rank] if self.devices else None
+            member = WorkerProcess()
             self._ranks.append(member)
-            member.send({
-                "target": self.target_name, "rank": rank, "world_size": self.tp_size, "torch_threads": self.torch_threads,
-                "init_file": os.path.join(self._directory, "process-group"), "stack_file": stack_file, "parent_pid": os.getpid(),
-                "device_env": self.device_env if self.devices else None, "device": self.devices[rank] if self.devices else None,
-            })
+            member.spawn(
+                "conformance.tp.rank",
+                {
+                    "target": self.target_name, "rank": rank, "world_size": self.tp_size, "torch_threads": self.torch_threads,
+                    "init_file": os.path.join(self._directory, "process-group"),
+                    "device_env": self.device_env if self.devices else None, "device": device,
+                },
+                # the rank's device is in its environment from the start, before any device runtime loads
+                env_updates={self.device_env: device} if self.devices and self.device_env else None,
+            )  # fmt: skip
         replies = self._collect(START_TIMEOUT, "loading the target and joining the process group", "the rank start-up limit")
         self.device = replies[0]
 
@@ -110,7 +97,7 @@ class RankPool:
         self.start()
         for member in self._ranks:
             try:
-                member.send(("case", case))
+                member.send((Tag.CASE, case))
             except OSError:
                 pass  # it died between cases: _collect reports it
         return self._collect(timeout, "running this case", "--case-timeout")
@@ -119,64 +106,58 @@ class RankPool:
         """Every rank's answer, by rank; on any failure the pool is ended and :class:`RankFailure` raised."""
         deadline = None if timeout is None else time.monotonic() + timeout
         answers: dict[int, object] = {}
-        pending = {member.replies: member for member in self._ranks}
+        pending = {member.connection: rank for rank, member in enumerate(self._ranks)}
         while pending:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready = wait(list(pending), remaining)
             if not ready:
-                self._timed_out(sorted(m.rank for m in pending.values()), timeout, doing, limit)
+                self._timed_out(sorted(pending.values()), timeout, doing, limit)
             for connection in ready:
-                member = pending.pop(connection)
+                rank = pending.pop(connection)
                 try:
-                    kind, value = pickle.loads(connection.recv_bytes())
+                    kind, value = self._ranks[rank].read()
                 except (EOFError, OSError):
-                    self._crashed(member, doing)
-                if kind == "ok" or kind == "ready":
-                    answers[member.rank] = value
+                    self._crashed(rank, doing)
+                if kind == Tag.OK or kind == Tag.READY:
+                    answers[rank] = value
                     continue
                 crashed = self._dead_peer()
                 if crashed is not None:
                     self._crashed(crashed, doing)
                 self.close(kill=True)
-                if kind == "not_supported":
-                    raise RankFailure(None, f"rank {member.rank} raised NotImplementedError: {value}", (member.rank,))
-                raise RankFailure(FailureKind.RAISED, f"rank {member.rank} of {self.tp_size} raised while {doing}: {value}", (member.rank,))
+                text = safe_text(value)  # the rank's describe_exception; safe text whatever a rank sent
+                if kind == Tag.NOT_SUPPORTED:
+                    raise RankFailure(None, f"rank {rank} raised NotImplementedError: {text}", (rank,))
+                raise RankFailure(FailureKind.RAISED, f"rank {rank} of {self.tp_size} raised while {doing}: {text}", (rank,))
         return [answers[rank] for rank in range(self.tp_size)]
 
-    def _dead_peer(self) -> _Rank | None:
+    def _dead_peer(self) -> int | None:
         """A rank that exited, if one did shortly after another raised (its peers' errors are then its echo)."""
         deadline = time.monotonic() + CRASH_GRACE
         while time.monotonic() < deadline:
-            for member in self._ranks:
-                if member.process.poll() is not None:
-                    return member
+            for rank, member in enumerate(self._ranks):
+                if not member.alive:
+                    return rank
             time.sleep(0.05)
         return None
 
-    def _crashed(self, member: _Rank, doing: str) -> None:
-        try:
-            returncode = member.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            member.process.kill()
-            returncode = member.process.wait()
+    def _crashed(self, rank: int, doing: str) -> None:
+        member = self._ranks[rank]
+        returncode = member.exit_status()
         where = member.frames()
         self.close(kill=True)
         raise RankFailure(
             FailureKind.CRASHED,
-            f"rank {member.rank} of {self.tp_size} {describe_exit(returncode)} while {doing}; every rank was ended and the "
+            f"rank {rank} of {self.tp_size} {describe_exit(returncode)} while {doing}; every rank was ended and the "
             f"next case starts a new pool" + (f"; its last Python frames: {where}" if where else "; it left no Python stack"),
-            (member.rank,),
+            (rank,),
         )
 
     def _timed_out(self, ranks: list[int], timeout: float | None, doing: str, limit: str) -> None:
         for member in self._ranks:
-            if member.process.poll() is None:
-                try:
-                    os.kill(member.process.pid, STACK_DUMP_SIGNAL)
-                except ProcessLookupError:
-                    pass
+            member.dump_stacks()
         deadline = time.monotonic() + STACK_DUMP_WAIT
-        while time.monotonic() < deadline and not all("File" in Path(self._ranks[r].stack_file).read_text(errors="replace") for r in ranks):
+        while time.monotonic() < deadline and not all(self._ranks[r].has_stacks() for r in ranks):
             time.sleep(0.05)
         frames = {r: self._ranks[r].frames() for r in ranks}
         # a rank blocked in a collective is waiting for a peer: the peers that are elsewhere are the ones that hang
@@ -194,25 +175,14 @@ class RankPool:
         )
 
     def close(self, kill: bool = False) -> None:
-        """End every rank (asked to exit, or killed) and remove the pool's files."""
+        """End every rank (asked to exit, or killed) and its process group, and remove the pool's files.
+        Processes a target left in a rank's group are added to ``leftover_processes``."""
         ranks, self._ranks = self._ranks, []
+        if not kill:
+            for member in ranks:  # all at once: each ends while the others are asked
+                member.ask_to_exit()
         for member in ranks:
-            if not kill and member.process.poll() is None:
-                try:
-                    member.send(("exit", None))
-                except OSError:
-                    pass
-        for member in ranks:
-            if not kill:
-                try:
-                    member.process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
-            if member.process.poll() is None:
-                member.process.kill()
-            member.process.wait()
-            member.commands.close()
-            member.replies.close()
+            self.leftover_processes.extend(member.stop(kill=kill))
         if self._directory:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None

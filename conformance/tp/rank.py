@@ -7,12 +7,14 @@ the case's mapping, the layer's composition (``conformance.tp.composition``) wit
 methods (watched for writes into their inputs, ``conformance.tp.inputs``) and the process group's
 collectives. Each rank answers with the gathered output (rank 0; the others ``None``) and the inputs
 its calls modified; an exception is answered with its text (the parent decides the outcome). Like the op
-worker (``conformance.isolation.child``) it dies with its parent and dumps its Python stacks into the
-stack file on a fatal signal or on SIGUSR1, which the parent sends to a rank that hangs.
+worker (``conformance.isolation.child``) it first calls ``conformance.isolation.worker.prepare_child``:
+it dies with its parent and dumps its Python stacks into the stack file on a fatal signal or on SIGUSR1,
+which the parent sends to a rank that hangs.
 
-Messages (pickled, one pipe each way): the parent's configuration dict, answered ``("ready", device
-description)`` or ``("raise", text)``; then each ``("case", TPCase)`` is answered ``("ok", (tensor or
-None, [modified inputs]))``, ``("not_supported", text)`` (NotImplementedError) or ``("raise", text)``; ``("exit", None)`` ends it.
+Messages (pickled, one pipe each way, tagged with ``conformance.isolation.protocol.Tag``): the parent's
+configuration dict, answered ``(READY, device description)`` or ``(RAISE, text)``; then each ``(CASE,
+TPCase)`` is answered ``(OK, (tensor or None, [modified inputs]))``, ``(NOT_SUPPORTED, text)``
+(NotImplementedError) or ``(RAISE, text)``; ``(EXIT, None)`` ends it.
 """
 
 from __future__ import annotations
@@ -21,26 +23,31 @@ import datetime as dt
 import os
 import pickle
 import sys
-import traceback
 from multiprocessing.connection import Connection
 
-BACKEND_OF_DEVICE = {"cpu": "gloo", "cuda": "nccl", "hpu": "hccl"}
+from conformance.isolation.protocol import Tag
+from conformance.isolation.worker import prepare_child
+from conformance.text import describe_exception
+
 COLLECTIVE_TIMEOUT = dt.timedelta(minutes=10)  # the parent's case timeout ends a hung rank long before
 
 
-def backend_for(device_type: str) -> str:
-    if device_type not in BACKEND_OF_DEVICE:
+def backend_for(target) -> str:
+    """The ``torch.distributed`` backend of the target's device type, as its class states it
+    (``Target.device_traits``: gloo, nccl, hccl for the built-in device types)."""
+    backend = type(target).device_traits().distributed_backend
+    if backend is None:
         raise ValueError(
-            f"no torch.distributed backend known for device type {device_type!r} (known: "
-            f"{', '.join(f'{k}: {v}' for k, v in BACKEND_OF_DEVICE.items())})"
+            f"no torch.distributed backend known for device type {target.device.type!r}: the target class states one "
+            "in device_traits() (conformance.devices.DeviceTraits)"
         )
-    return BACKEND_OF_DEVICE[device_type]
+    return backend
 
 
 def _error_text(exc: BaseException) -> str:
-    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-    at = f" (at {frame.filename}:{frame.lineno})" if frame else ""
-    return f"{type(exc).__name__}: {exc}{at}"
+    """``"TypeName: message (at file:line)"`` in safe text (``conformance.text.describe_exception``): a
+    target's exception can hold surrogates, be 10 MB long or have a ``__str__`` that raises; never raises."""
+    return describe_exception(exc)
 
 
 def main(argv: list[str]) -> int:
@@ -51,11 +58,7 @@ def main(argv: list[str]) -> int:
         replies.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
     config = pickle.loads(commands.recv_bytes())
-    # the op worker's own arrangements: die with the parent, dump stacks where the parent reads them
-    from conformance.isolation.child import _die_with_parent, _dump_stacks_into
-
-    _die_with_parent(config["parent_pid"])
-    stacks = _dump_stacks_into(config["stack_file"])  # noqa: F841 - kept open until the process ends
+    prepare_child(config)  # as the op worker: die with the parent, dump stacks where the parent reads them
     if config.get("device_env"):
         os.environ[config["device_env"]] = config["device"]  # before any device runtime loads
     import torch
@@ -74,11 +77,11 @@ def main(argv: list[str]) -> int:
     rank, world_size = config["rank"], config["world_size"]
     try:
         target = load(config["target"])
-        backend = backend_for(target.device.type)
+        backend = backend_for(target)
         dist.init_process_group(backend, init_method=f"file://{config['init_file']}", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
-        reply("ready", {**device_description(target.device.type), "backend": backend})
+        reply(Tag.READY, {**device_description(target.device.type), "backend": backend})
     except Exception as exc:  # noqa: BLE001 - the parent reports it for every case
-        reply("raise", _error_text(exc))
+        reply(Tag.RAISE, _error_text(exc))
         return 1
     collectives = ProcessGroupCollectives(rank, world_size)
     while True:
@@ -86,18 +89,18 @@ def main(argv: list[str]) -> int:
             kind, case = pickle.loads(commands.recv_bytes())
         except EOFError:  # the parent closed the pipe: the run is over
             break
-        if kind == "exit":
+        if kind == Tag.EXIT:
             break
         try:
             target.update_metadata(case_mapping(case))
             watched = ReadOnlyInputs(target)
             output = run_rank(case, layer_tensors(case), watched, collectives, rank, target.device)
         except NotImplementedError as exc:
-            reply("not_supported", _error_text(exc))
+            reply(Tag.NOT_SUPPORTED, _error_text(exc))
         except Exception as exc:  # noqa: BLE001 - any exception from the target is the broken outcome
-            reply("raise", _error_text(exc))
+            reply(Tag.RAISE, _error_text(exc))
         else:
-            reply("ok", (output if rank == 0 else None, watched.modified))
+            reply(Tag.OK, (output if rank == 0 else None, watched.modified))
     dist.destroy_process_group()
     return 0
 

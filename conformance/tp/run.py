@@ -5,7 +5,8 @@ of another size ends it first: two cores do not hold eight idle ranks well), sen
 ranks, judges rank 0's gathered output (``conformance.tp.judgement``) and turns whatever happened into
 a :class:`TPResult`, a ``CaseResult`` at level ``layer``. A target runs the cases iff it implements
 the three wrapper methods vLLM's linear LoRA layers call (``add_shrink``, ``add_expand``,
-``add_lora_linear``), decided from its class, so an unsupported target never starts a pool.
+``add_lora_linear``), decided from its facts (``conformance.targets.facts``: this process, the
+referee's, never imports the target), so an unsupported target never starts a pool.
 """
 
 from __future__ import annotations
@@ -13,12 +14,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import torch
-
 from conformance.devices import visible_devices_variable
 from conformance.ops import Level
-from conformance.runner import CaseResult
-from conformance.targets import resolve
+from conformance.record import CaseResult
+from conformance.targets.facts import TargetFacts
 from conformance.verdict import FailureKind, Outcome
 from conformance.verdict.failure_kind import ordered
 
@@ -45,15 +44,17 @@ class TPResult(CaseResult):
         return {**super().to_json(), "failing_ranks": list(self.failing_ranks)}
 
 
-def unsupported_reason(target_class, case: TPCase) -> str | None:
-    """Why the target does not run ``case``, from its class (no target is loaded for this)."""
-    missing = [m for m in REQUIRED_WRAPPER_METHODS if not callable(getattr(target_class, m, None))]
+def unsupported_reason(facts: TargetFacts, case: TPCase) -> str | None:
+    """Why the target does not run ``case``, from its facts (no target is loaded for this)."""
+    missing = [m for m in REQUIRED_WRAPPER_METHODS if not facts.defines(m)]
     if missing:
-        return (f"{target_class.name} does not implement {', '.join(missing)} (the tensor-parallel LoRA layers call "
+        return (f"{facts.name} does not implement {', '.join(missing)} (the tensor-parallel LoRA layers call "
                 f"{', '.join(REQUIRED_WRAPPER_METHODS)} on each rank)")
-    dtypes = getattr(target_class, "dtypes", None)
-    if dtypes is not None and getattr(torch, case.dtype) not in dtypes:
-        return f"{target_class.name} does not support {case.dtype}"
+    if not facts.claims(case.dtype):
+        return f"{facts.name} does not support {case.dtype}"
+    if facts.distributed_backend is None:
+        return (f"{facts.name} runs on {facts.device_type}, for which no torch.distributed backend is known: its target "
+                f"class states one in device_traits() (conformance.devices.DeviceTraits) to run tensor-parallel cases")
     return None
 
 
@@ -79,29 +80,29 @@ def rank_devices(devices: str | list[str] | None, device_type: str, tp_size: int
 
 
 class TPExecutor:
-    def __init__(self, target_name: str, *, case_timeout: float | None, torch_threads: int = 1,
+    def __init__(self, target_name: str, facts: TargetFacts, *, case_timeout: float | None, torch_threads: int = 1,
                  devices: str | list[str] | None = None, device_env: str | None = None) -> None:
         self.target_name = target_name
-        self.target_class = resolve(target_name)
+        self.facts = facts
         self.case_timeout = None if not case_timeout else min(case_timeout, TP_CASE_TIMEOUT)
         self.torch_threads = torch_threads
         self.devices, self.device_env = devices, device_env
         self._pool: RankPool | None = None
         self._start_errors: dict[int, RankFailure] = {}  # a pool that cannot start: said once per case, not retried
         self.pool_starts = 0
+        self.leftover_processes: list[str] = []  # what the target left running in its ranks' process groups (killed)
 
     def _pool_for(self, tp_size: int) -> RankPool:
         if self._pool is not None and self._pool.tp_size != tp_size:
-            self._pool.close()
-            self._pool = None
+            self.close()
         if self._pool is None:
-            devices, variable = rank_devices(self.devices, self.target_class.default_device().type, tp_size, self.device_env)
+            devices, variable = rank_devices(self.devices, self.facts.device_type, tp_size, self.device_env)
             self._pool = RankPool(self.target_name, tp_size, torch_threads=self.torch_threads, devices=devices, device_env=variable)
         return self._pool
 
     def run(self, case: TPCase) -> TPResult:
         features = case.features()
-        reason = unsupported_reason(self.target_class, case)
+        reason = unsupported_reason(self.facts, case)
         if reason:
             return TPResult(case.case_id, case, Outcome.NOT_SUPPORTED, reason, features=features)
         if case.tp_size in self._start_errors:
@@ -146,4 +147,5 @@ class TPExecutor:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
+            self.leftover_processes.extend(self._pool.leftover_processes)
             self._pool = None

@@ -25,6 +25,7 @@ class FailureKind(str, enum.Enum):
     SYSTEMATIC = "systematic error"  # inside the budget, but the error is a significant multiple of the delta
     INVARIANT = "broke an invariant"  # an op judged by its invariants (moe_lora_align_block_size) broke one
     MODIFIED_INPUT = "modified an input"  # an input tensor (read-only in every op's contract) changed
+    NONDETERMINISTIC = "nondeterministic"  # repeated calls on the same inputs differ (a fail with --require-deterministic)
     TOKENS = "generated other tokens"  # end to end: greedy or top-1 tokens differ beyond near-ties
     # the target did not return normally (outcome "broken")
     RAISED = "raised"  # the target raised an exception
@@ -56,6 +57,8 @@ KIND_DOCS = {
     FailureKind.INVARIANT: "an op with many correct outputs (moe_lora_align_block_size) broke one of its invariants: "
     "a pair missing, listed twice, in another expert's block, another slot's pair, padding that is not out of range",
     FailureKind.MODIFIED_INPUT: "an input tensor changed; every op only reads its inputs",
+    FailureKind.NONDETERMINISTIC: "the same call on fresh copies of the same inputs gave results that differ bit "
+    "for bit; a failure only under --require-deterministic (otherwise the result is labelled nondeterministic)",
     FailureKind.TOKENS: "end to end: a generated or top-1 token differs from the reference where it is no near-tie",
     FailureKind.RAISED: "the target raised an exception",
     FailureKind.CRASHED: "the process running the case died (a signal such as SIGSEGV or SIGABRT, or an exit from "

@@ -47,4 +47,4 @@ def test_vllm_cpu_gives_base_requests_an_adapter(tmp_path):
         assert "request attn-qv-r8" not in result["message"]
     # a failure shows both continuations, as text and token ids, and a command that reruns the case
     assert "target:" in failed[0]["message"] or "top-1" in failed[0]["message"]
-    assert failed[0]["repro"].startswith("pytest 'conformance/test_e2e.py::test_e2e[")
+    assert failed[0]["repro"].startswith("pytest 'conformance/test_cases.py::test_case[")

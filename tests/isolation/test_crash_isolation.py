@@ -50,7 +50,7 @@ def selection() -> tuple[list[str], list[str]]:
 
 
 def nodeids(case_ids: list[str]) -> list[str]:
-    return [f"conformance/test_ops.py::test_op[{case_id}]" for case_id in case_ids]
+    return [f"conformance/test_cases.py::test_case[{case_id}]" for case_id in case_ids]
 
 
 def conformance(*args: str, report_dir: Path, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ import torch
 from conformance.generator.profiles import profile_cases
 from conformance.ops import OP_SPECS
 from conformance.ops.moe import check_alignment
-from conformance.runner import _float64, execute, make_values
+from conformance.runner import as_float64, execute, make_values
 from conformance.targets.reference import ReferenceTarget
 
 MOE_OPS = ("fused_moe_lora", "add_lora_w13", "add_lora_w2")
@@ -67,7 +67,7 @@ def test_reference_equals_the_per_pair_loop(moe_cases):
     for case_id, case in moe_cases:
         if case.op not in MOE_OPS:
             continue
-        values = _float64(make_values(case))
+        values = as_float64(make_values(case))
         got = execute(OP_SPECS[case.op], case, values, reference, torch.device("cpu"))["out"]
         torch.testing.assert_close(got, per_pair_loop(case, values), rtol=1e-12, atol=1e-12, msg=case_id)
         checked += 1
@@ -110,13 +110,14 @@ def test_the_invariants_name_what_a_broken_alignment_gets_wrong(moe_cases):
 
 
 def test_an_alignment_of_another_shape_fails_instead_of_breaking_the_harness(moe_cases):
-    from conformance.runner import _checked_result
+    from conformance.referee import judge_op
+    from conformance.target_call import TargetCall
     from conformance.verdict import FailureKind, Outcome
 
     case_id, case = next((i, c) for i, c in moe_cases if c.op == "moe_lora_align_block_size")
     spec, values = OP_SPECS[case.op], make_values(case)
     after = execute(spec, case, values, ReferenceTarget(), torch.device("cpu"))
     after["sorted_token_ids"] = after["sorted_token_ids"][:-1]  # a target that returned a shorter buffer
-    result = _checked_result(spec, case, case_id, values, after, frozenset(), 0.0)
+    result = judge_op(case, case_id, values, [TargetCall("ran", runs=[after])])
     assert result.outcome is Outcome.FAIL and result.kind is FailureKind.WRONG_OUTPUT_TYPE
     assert "sorted_token_ids" in result.message

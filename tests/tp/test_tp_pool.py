@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from conformance.targets.facts import probe
 from conformance.tp.case import TPCase
 from conformance.tp.run import TPExecutor, rank_devices
 from conformance.verdict import FailureKind, Outcome
@@ -25,7 +26,7 @@ def executor_of():
     made = []
 
     def make(target: str, case_timeout: float = 60) -> TPExecutor:
-        made.append(TPExecutor(target, case_timeout=case_timeout))
+        made.append(TPExecutor(target, probe(target), case_timeout=case_timeout))
         return made[-1]
 
     yield make

@@ -13,7 +13,7 @@ import torch
 
 from conformance.generator.profiles import profile_cases
 from conformance.ops import OP_SPECS
-from conformance.runner import _float64, execute, make_values, oracle_delta, oracle_magnitude
+from conformance.runner import as_float64, execute, make_values, oracle_delta, oracle_magnitude
 from conformance.targets.reference import ReferenceTarget
 from conformance.verdict import FailureKind, judge
 from conformance.verdict.tolerances import TOLERANCES
@@ -68,7 +68,7 @@ def test_the_accumulation_term_is_hundredths_of_an_ulp_of_a_16_bit_output():
         if case.op != "add_lora_linear" or case.dtype == "float32":
             continue
         spec, values = OP_SPECS[case.op], make_values(case)
-        oracle = execute(spec, case, _float64(values), reference, torch.device("cpu"))[spec.output]
+        oracle = execute(spec, case, as_float64(values), reference, torch.device("cpu"))[spec.output]
         delta = oracle_delta(spec, case, values, reference)
         magnitude = oracle_magnitude(spec, case, values, reference)
         m = judge(oracle.to(values[spec.output].dtype), oracle, oracle.to(values[spec.output].dtype), values[spec.output],

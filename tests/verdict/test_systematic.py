@@ -14,7 +14,7 @@ import torch
 from conformance.cases import Case
 from conformance.generator.profiles import profile_cases
 from conformance.ops import OP_SPECS
-from conformance.runner import _float64, execute, make_values, oracle_delta
+from conformance.runner import as_float64, execute, make_values, oracle_delta
 from conformance.targets.reference import ReferenceTarget
 from conformance.verdict import FailureKind, judge
 from conformance.verdict.systematic import delta_bias, row_groups
@@ -141,7 +141,7 @@ def test_the_oracle_delta_is_what_the_op_adds_or_writes(op, add_inputs, overwrit
     spec = OP_SPECS[op]
     values = make_values(case)
     reference = ReferenceTarget()
-    oracle = execute(spec, case, _float64(values), reference, torch.device("cpu"))[spec.output]
+    oracle = execute(spec, case, as_float64(values), reference, torch.device("cpu"))[spec.output]
     delta = oracle_delta(spec, case, values, reference)
     written = spec.written_mask(case)
     expected = oracle if overwrites else oracle - values[spec.output].double()

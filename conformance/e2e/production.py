@@ -1,0 +1,111 @@
+"""What a target's process hands the referee for one end-to-end case: plain, picklable data, nothing more.
+
+The target's side (:mod:`conformance.e2e.target_runner`) runs the batches a case needs on the target's
+engine and returns an :class:`E2EProduction`; the referee (:mod:`conformance.e2e.referee`) judges it against
+the float64 reference. Neither side hands the other an object the other's code made: the production holds
+:class:`~conformance.e2e.generation.Generation` values rebuilt from ``int``, ``float`` and ``str`` only
+(:func:`plain_generations`), so unpickling it runs no code of the target's and holds no tensor of its.
+
+Which batches a case runs (:func:`batch_plan`) is data both sides read: the target's side to run them, the
+referee to check the production has exactly them before it judges a single number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .cases import E2ECase
+from .generation import Generation, Request, Step
+
+RAN, NOT_SUPPORTED, RAISED = "ran", "not_supported", "raised"
+STATUSES = (RAN, NOT_SUPPORTED, RAISED)
+WHOLE_BATCH = "batch"
+
+
+class PlannedRun(NamedTuple):
+    """One batch a case runs: a name, the request indices in batch order, and what is asked of it."""
+
+    name: str  # unique within the case: "batch", "alone 3", "reversed", "rotated"
+    order: tuple[int, ...]  # indices into the case's requests, in the order the batch holds them
+    score: bool  # teacher-forced on the reference's continuations
+    generate: bool  # free-running greedy
+    against: str | None  # for an invariance check, how its messages name this batch (compare.Comparison)
+
+
+def batch_plan(case: E2ECase) -> tuple[PlannedRun, ...]:
+    """The batches the case's check runs, the whole batch first (``ValueError`` for an unknown check).
+
+    teacher_forced_logits scores the whole batch, greedy_generation generates it; the invariance checks
+    score and generate the whole batch and then each other batch: every request alone (batch_invariance),
+    or the batch reversed and rotated by one (order_invariance).
+    """
+    everyone = tuple(range(len(case.requests)))
+    if case.kind == "teacher_forced_logits":
+        return (PlannedRun(WHOLE_BATCH, everyone, True, False, None),)
+    if case.kind == "greedy_generation":
+        return (PlannedRun(WHOLE_BATCH, everyone, False, True, None),)
+    if case.kind == "batch_invariance":
+        others = [PlannedRun(f"alone {i}", (i,), True, True, "the same request alone") for i in everyone]
+    elif case.kind == "order_invariance":
+        others = [PlannedRun("reversed", everyone[::-1], True, True, "the batch reversed"),
+                  PlannedRun("rotated", everyone[1:] + everyone[:1], True, True, "the batch rotated by one")]
+    else:
+        raise ValueError(f"unknown end-to-end check {case.kind!r}")
+    return (PlannedRun(WHOLE_BATCH, everyone, True, True, None), *others)
+
+
+@dataclass(frozen=True)
+class BatchRun:
+    """What the target's engine returned for one planned batch (``None``: not asked of this batch)."""
+
+    name: str
+    order: tuple[int, ...]
+    scored: tuple[Generation, ...] | None = None  # teacher-forced, one per request in ``order``
+    generated: tuple[Generation, ...] | None = None  # greedy, one per request in ``order``
+
+
+Repetition = tuple[BatchRun, ...]  # every planned batch, in plan order, once
+
+
+@dataclass
+class E2EProduction:
+    """One case's production by the target: ``status`` ``"ran"``, ``"not_supported"`` or ``"raised"``.
+
+    ``message``: why not supported, or the exception and its last frames. ``seconds``: the time the
+    target's side spent on the case. ``repetitions``: for ``"ran"``, every repetition of the whole
+    production (``runs`` of them, on one engine); the referee judges the first and compares the others
+    with it bit for bit (a determinism measure).
+    """
+
+    case_id: str
+    status: str
+    message: str = ""
+    seconds: float = 0.0
+    repetitions: list[Repetition] = field(default_factory=list)
+
+    @property
+    def runs(self) -> int:
+        return len(self.repetitions)
+
+    def batch_runs(self) -> dict[str, BatchRun]:
+        """The first repetition's batches by name (what is judged)."""
+        return {run.name: run for run in self.repetitions[0]} if self.repetitions else {}
+
+
+def plain_generation(generation) -> Generation:
+    """A copy made of ``str``, ``int`` and ``float`` only, whatever an engine returned (0-d tensors, numpy
+    scalars, subclasses): a production unpickles without the target's classes, on any device."""
+    request = generation.request
+    return Generation(
+        Request(str(request.prompt), None if request.adapter is None else str(request.adapter)),
+        tuple(int(token) for token in generation.prompt_ids),
+        tuple(
+            Step(int(step.token), float(step.logprob), tuple((int(t), float(lp)) for t, lp in step.top), float(step.routing_margin))
+            for step in generation.steps
+        ),
+    )
+
+
+def plain_generations(generations) -> tuple[Generation, ...]:
+    return tuple(plain_generation(g) for g in generations)

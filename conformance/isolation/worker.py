@@ -1,0 +1,363 @@
+"""One supervised worker process: how the op worker (``conformance.isolation.process``) and every
+tensor-parallel rank (``conformance.tp.pool``) are started, talked to, and ended.
+
+A worker is ``python -m MODULE READ_FD WRITE_FD``: spawned (never forked: a forked device runtime is
+undefined), inheriting the environment (so ``--devices`` reaches it) and the parent's ``sys.path`` (so
+``package.module:Class`` targets resolve the same), in a session of its own (a terminal's Ctrl-C is
+the parent's to handle; and its pid is its process group), dying with its parent (``prepare_child``,
+which the child calls first). It talks pickled messages over two pipes (``conformance.isolation.protocol``).
+
+* **A call that does not answer** within its time: the worker's Python stacks are dumped into its
+  stack file (SIGUSR1, up to ``STACK_DUMP_WAIT`` seconds), then it is killed (SIGKILL, which works on
+  a process stuck in a device call), and :class:`Breakdown` (kind ``timed out``) says where it was.
+* **A worker that dies**: :class:`Breakdown` (kind ``crashed``) names the signal or exit status and
+  its last Python frames (faulthandler writes them on a fatal signal).
+* **Ending a worker** (:meth:`WorkerProcess.stop`), after a breakdown or at close, ends its whole
+  process group (``os.killpg``, SIGKILL), so a process the target started (a compiler, a device
+  daemon, a ``sleep``) does not outlive the worker and hold a device or a core. Processes still in the
+  group once the worker itself is gone are named first (``"pid N (command)"``, read from ``/proc`` on
+  Linux, nothing elsewhere) in :attr:`WorkerProcess.leftovers`, so a record can say that the target
+  left them running. A process that left the group (``setsid``) is out of reach.
+
+This module imports only the standard library, the failure kinds and the protocol, so that any
+supervisor can use it without importing what runs cases.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from conformance.verdict.failure_kind import FailureKind
+
+from .protocol import MAIN_THREAD_LINE, STACK_DUMP_SIGNAL, Tag
+
+STACK_DUMP_WAIT = 2.0  # seconds given to a hung worker to write its stacks before it is killed
+EXIT_WAIT = 10.0  # seconds a worker asked to exit (or that closed its pipe) has before it is killed
+LEFTOVER_GRACE = 1.0  # seconds the rest of the group of a worker that exited by itself has to end by itself
+KILL_WAIT = 2.0  # seconds to wait for a killed process group to be gone
+SHOWN_FRAMES = 4
+COMMAND_CHARS = 120  # of a leftover process's command line
+
+
+class Breakdown(Exception):
+    """The worker process died or did not answer in time; ``kind`` says which."""
+
+    def __init__(self, kind: FailureKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def describe_exit(returncode: int) -> str:
+    """"died with signal 6 (SIGABRT)" / "exited with status 3"."""
+    if returncode < 0:
+        number = -returncode
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = "unknown signal"
+        return f"died with signal {number} ({name})"
+    return f"exited with status {returncode}"
+
+
+def main_thread_frames(dump: str, limit: int = SHOWN_FRAMES) -> str:
+    """The innermost frames of the worker's main thread in its last stack dump, "file:line in f ← …"."""
+    lines = dump.splitlines()
+    main_id = next((line[len(MAIN_THREAD_LINE):] for line in lines if line.startswith(MAIN_THREAD_LINE)), None)
+    blocks, current = [], None
+    for line in lines:
+        header = re.match(r"(?:Current thread|Thread) (0x[0-9a-f]+)", line)
+        if header:
+            current = [header.group(1)]
+            blocks.append(current)
+        elif current is not None and (frame := re.match(r'\s+File "(.+)", line (\d+) in (.+)', line)):
+            current.append(f"{Path(frame.group(1)).name}:{frame.group(2)} in {frame.group(3)}")
+    chosen = [b for b in blocks if b[0] == main_id] or blocks
+    if not chosen or len(chosen[-1]) == 1:
+        return ""
+    frames = chosen[-1][1:]
+    return " ← ".join(frames[:limit]) + (" ← …" if len(frames) > limit else "")
+
+
+# -- process groups --------------------------------------------------------------------------------
+
+
+def process_group_members(pgid: int, exclude: tuple[int, ...] = ()) -> list[str]:
+    """The live processes of process group ``pgid`` (not zombies), as "pid N (command)", read from ``/proc``;
+    ``[]`` where there is no ``/proc`` (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if not name.isdigit() or int(name) in exclude:
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_bytes().decode(errors="replace")
+        except OSError:  # it ended while we looked
+            continue
+        head, _, tail = stat.rpartition(")")  # "pid (comm) state ppid pgrp …"; comm may hold ")" or spaces
+        fields = tail.split()
+        if len(fields) < 3 or fields[0] in ("Z", "X") or int(fields[2]) != pgid:
+            continue
+        try:
+            command = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            command = ""
+        command = command or head.partition("(")[2]
+        if len(command) > COMMAND_CHARS:
+            command = command[: COMMAND_CHARS - 1] + "…"
+        found.append(f"pid {name} ({command})")
+    return found
+
+
+def kill_process_group(pgid: int) -> None:
+    """SIGKILL to every process of group ``pgid``; nothing if none is left."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def describe_leftovers(leftovers: list[str]) -> str:
+    """What a record says about processes a target left running ("" when there were none)."""
+    if not leftovers:
+        return ""
+    return f"the target left {len(leftovers)} process(es) running: {', '.join(leftovers)}; they were killed"
+
+
+# -- the parent's side -----------------------------------------------------------------------------
+
+
+class WorkerProcess:
+    """One worker process, spawned once (:meth:`spawn`) and ended once (:meth:`stop`)."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen | None = None
+        self._commands: Connection | None = None
+        self._replies: Connection | None = None
+        self._stack_file: str | None = None
+        self._exit_sent = False
+        self._stopped = False
+        self.leftovers: list[str] = []  # processes of its group found running when it was stopped, "pid N (command)"
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's pid, which is also its process group's id; ``None`` before it was spawned."""
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and not self._stopped and self._process.poll() is None
+
+    @property
+    def connection(self) -> Connection:
+        """The end the worker's replies arrive at (for ``multiprocessing.connection.wait`` over several workers)."""
+        return self._replies
+
+    def spawn(self, module: str, config: dict, *, env_updates: dict[str, str] | None = None) -> None:
+        """Start ``python -m module READ_FD WRITE_FD`` and send it ``config`` with ``stack_file`` and
+        ``parent_pid`` added; returns at once (the worker loads what it must while the caller goes on)."""
+        if self._process is not None:
+            raise RuntimeError("a WorkerProcess is spawned once; start a new one")
+        fd, self._stack_file = tempfile.mkstemp(prefix="lora-conformance-worker-", suffix=".stacks")
+        os.close(fd)
+        environment = dict(os.environ)
+        environment["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
+        environment.update(env_updates or {})
+        to_child_read, to_child_write = os.pipe()
+        from_child_read, from_child_write = os.pipe()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", module, str(to_child_read), str(from_child_write)],
+                pass_fds=(to_child_read, from_child_write),
+                stdin=subprocess.DEVNULL,
+                env=environment,
+                start_new_session=True,  # its own session and process group: pid == pgid
+            )
+        except BaseException:
+            for descriptor in (to_child_read, to_child_write, from_child_read, from_child_write):
+                os.close(descriptor)
+            Path(self._stack_file).unlink(missing_ok=True)
+            raise
+        finally:
+            if self._process is not None:
+                os.close(to_child_read)
+                os.close(from_child_write)
+        self._commands = Connection(to_child_write, readable=False)
+        self._replies = Connection(from_child_read, writable=False)
+        self.send({**config, "stack_file": self._stack_file, "parent_pid": os.getpid()})
+
+    # -- messages ----------------------------------------------------------------------------------
+
+    def send(self, message) -> None:
+        """Pickle ``message`` to the worker; ``OSError`` (BrokenPipeError) when it is gone."""
+        if self._commands is None:
+            raise BrokenPipeError("the worker process was stopped")
+        self._commands.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def poll(self, timeout: float | None) -> bool:
+        """Whether a reply (or the worker's end) arrived within ``timeout`` seconds (``None``: wait)."""
+        return self._replies.poll(timeout)
+
+    def read(self):
+        """The next reply; ``EOFError`` or ``OSError`` when the worker closed its pipe (it died)."""
+        return pickle.loads(self._replies.recv_bytes())
+
+    def receive(self, timeout: float | None, doing: str, limit: str = "--case-timeout"):
+        """The next reply within ``timeout`` seconds; otherwise, or if the worker dies first, it is
+        stopped and :class:`Breakdown` says what happened ``while {doing}`` (``limit`` names the time limit)."""
+        if not self.poll(timeout):
+            self.dump_stacks()
+            self.wait_for_stacks(STACK_DUMP_WAIT)
+            where = self.frames()
+            self.stop()
+            raise Breakdown(
+                FailureKind.TIMED_OUT,
+                f"did not finish within {timeout:g} s while {doing} ({limit}); the worker process was "
+                f"killed and the run went on with a new one" + (f"; it was at {where}" if where else ""),
+            )
+        try:
+            return self.read()
+        except (EOFError, OSError):
+            returncode = self.exit_status()
+            where = self.frames()
+            self.stop()
+            raise Breakdown(
+                FailureKind.CRASHED,
+                f"the worker process {describe_exit(returncode)} while {doing}; the run went on with a new one"
+                + (f"; its last Python frames: {where}" if where else "; it left no Python stack (killed, or exited from native code)"),
+            ) from None
+
+    # -- what it was doing -------------------------------------------------------------------------
+
+    def dump_stacks(self) -> None:
+        """Ask the worker (not its group: SIGUSR1 would end a process without a handler) for its Python stacks."""
+        if self.alive:
+            try:
+                os.kill(self._process.pid, STACK_DUMP_SIGNAL)
+            except ProcessLookupError:  # it ended just now; its stacks, if any, are in the file already
+                pass
+
+    def has_stacks(self) -> bool:
+        """Whether a stack dump is in the stack file."""
+        try:
+            return "File" in Path(self._stack_file).read_text(errors="replace")
+        except (OSError, TypeError):
+            return False
+
+    def wait_for_stacks(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self.has_stacks():
+            time.sleep(0.05)
+
+    def frames(self) -> str:
+        """The innermost frames of its main thread in its last stack dump ("" if there is none)."""
+        try:
+            return main_thread_frames(Path(self._stack_file).read_text(errors="replace"))
+        except (OSError, TypeError):
+            return ""
+
+    def exit_status(self, wait: float = EXIT_WAIT) -> int:
+        """Its return code once it ended; one that closed its pipe but lives on after ``wait`` seconds is killed."""
+        try:
+            return self._process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            return self._process.wait()
+
+    # -- its end -----------------------------------------------------------------------------------
+
+    def ask_to_exit(self) -> None:
+        """Send the exit request (once); a worker that is gone already is left to :meth:`stop`."""
+        if self._exit_sent or not self.alive:
+            return
+        self._exit_sent = True
+        try:
+            self.send((Tag.EXIT, None))
+        except OSError:
+            pass
+
+    def stop(self, kill: bool = True) -> list[str]:
+        """End the worker, killed (``kill``) or asked to exit (killed after ``EXIT_WAIT`` s), then its whole
+        process group; returns the processes of the group found still running once the worker was gone
+        (also added to :attr:`leftovers`). A second call does nothing and returns ``[]``."""
+        if self._process is None or self._stopped:
+            return []
+        process = self._process
+        exited_by_itself = False
+        if not kill:
+            if process.poll() is None:
+                self.ask_to_exit()
+                try:
+                    process.wait(timeout=EXIT_WAIT)
+                except subprocess.TimeoutExpired:
+                    pass
+            exited_by_itself = process.poll() is not None
+        self._stopped = True
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        found = self._end_group(process.pid, LEFTOVER_GRACE if exited_by_itself else 0.0)
+        for connection in (self._commands, self._replies):
+            connection.close()
+        self._commands = self._replies = None
+        Path(self._stack_file).unlink(missing_ok=True)
+        self.leftovers.extend(found)
+        return found
+
+    @staticmethod
+    def _end_group(pgid: int, grace: float) -> list[str]:
+        """Name what is left of the group (after ``grace`` seconds to end by itself), kill it, and wait until it is gone."""
+        deadline = time.monotonic() + grace
+        found = process_group_members(pgid)
+        while found and time.monotonic() < deadline:
+            time.sleep(0.05)
+            found = process_group_members(pgid)
+        kill_process_group(pgid)
+        deadline = time.monotonic() + KILL_WAIT
+        while found and process_group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return found
+
+
+# -- the worker's side -----------------------------------------------------------------------------
+
+_stack_stream = None  # the open stack file of this process (prepare_child), kept open until it ends
+
+
+def prepare_child(config: dict):
+    """What a worker does first, with the configuration its parent sent: die with the parent
+    (``PR_SET_PDEATHSIG`` on Linux), so a killed run leaves no process holding a device; and dump every
+    thread's Python stack into ``config["stack_file"]`` on a fatal signal (SIGSEGV, SIGABRT, SIGFPE,
+    SIGBUS, SIGILL) and on ``STACK_DUMP_SIGNAL``, which the parent sends before it kills a worker that
+    ran past its time. Returns the open stack file."""
+    global _stack_stream
+    parent_pid = config["parent_pid"]
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the parent ended before the line above took effect
+        os._exit(1)
+    stream = open(config["stack_file"], "w", buffering=1)  # open until the process ends
+    stream.write(f"{MAIN_THREAD_LINE}0x{threading.get_ident():016x}\n")
+    faulthandler.enable(file=stream, all_threads=True)
+    faulthandler.register(STACK_DUMP_SIGNAL, file=stream, all_threads=True, chain=False)
+    _stack_stream = stream
+    return stream

@@ -1,0 +1,61 @@
+"""What every level of the contract is: a kind of case, with its cases, its run, its repro and its broken result.
+
+The suite judges cases at three levels (design: kernel and wrapper ops, tensor-parallel layers, whole
+models), and every front end treats them alike: the session lists every kind's cases and runs each
+through its kind, the plugin makes one test per case and marks it by kind, the journal and the
+reports read one record per case (``conformance.record.CaseResult``). What differs lives in the
+kind's module, and nowhere else: adding a level is one module under ``conformance/levels/`` plus its
+cases, added to ``KINDS``.
+
+A kind's ``run`` gets the session (``conformance.session.ConformanceRun``), which holds where the
+target runs (``executor``: its worker process; ``tp_executor``: its rank processes) and the referee's
+own state; it returns the judged result before expectations, which the session applies to every kind
+alike, as it journals every kind alike.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from conformance.record import CaseResult
+from conformance.verdict import FailureKind, Outcome
+
+if TYPE_CHECKING:
+    from conformance.session import ConformanceRun
+
+
+class CaseKind:
+    """One level's kind of case. Subclasses set the class attributes and define :meth:`cases` and :meth:`run`."""
+
+    name: str = ""  # the level's name in results.json ("kernel"/"wrapper" for op cases: see level_of)
+    markers: dict[str, str] = {}  # the pytest markers its cases carry, with what each means
+    result_type: type[CaseResult] = CaseResult
+
+    def owns(self, case: Any) -> bool:
+        """Whether ``case`` is one of this kind's."""
+        raise NotImplementedError
+
+    def cases(self, profile: str, seed: int) -> list[tuple[str, Any]]:
+        """``(case_id, case)`` of every case of the profile at this level, in a fixed order."""
+        raise NotImplementedError
+
+    def marks(self, case: Any) -> tuple[str, ...]:
+        """The markers of one case (a subset of ``markers``)."""
+        return tuple(self.markers)
+
+    def run(self, run: ConformanceRun, case_id: str, case: Any, values: Any = None) -> CaseResult:
+        """The judged result of one case (expectations not applied yet)."""
+        raise NotImplementedError
+
+    def broken(self, case_id: str, case: Any, kind: FailureKind, message: str, seconds: float = 0.0) -> CaseResult:
+        """The result of a case that did not return (its worker died or hung): outcome *broken*."""
+        return self.result_type(case_id, case, Outcome.BROKEN, message, features=self.features(case), seconds=seconds, kinds=(kind,))
+
+    def features(self, case: Any) -> frozenset[str]:
+        return case.features()
+
+    def after_failure(self, run: ConformanceRun, result: CaseResult, values: Any = None) -> dict | None:
+        """For a failing, broken or known-failing result: set its ``repro`` (and ``replay``); return the
+        record's ``shrunk`` entry where the kind shrinks failures. By default the repro reruns the one test."""
+        result.repro = f"pytest '{run.test_node_id(result.case_id)}' --target={run.target_name}" + (f" --seed={run.seed}" if run.seed else "")
+        return None

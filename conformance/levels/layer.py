@@ -1,0 +1,41 @@
+"""Tensor-parallel layer cases (design level 3): vLLM's sharded LoRA layers, one process per rank.
+
+The target runs in a pool of rank processes (``conformance.tp``); the gathered output is judged here,
+in the referee's process, against the float64 reference of the whole layer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from conformance.errors import RunError
+from conformance.record import CaseResult
+from conformance.tp.case import TPCase
+from conformance.tp.cases import tp_cases
+from conformance.tp.run import TPResult
+
+from .base import CaseKind
+
+if TYPE_CHECKING:
+    from conformance.session import ConformanceRun
+
+
+class LayerKind(CaseKind):
+    name = "layer"
+    markers = {"tp": "a tensor-parallel LoRA layer case (design level 3, the layer; conformance.tp)"}
+    result_type = TPResult
+
+    def owns(self, case) -> bool:
+        return isinstance(case, TPCase)
+
+    def cases(self, profile: str, seed: int) -> list[tuple[str, TPCase]]:
+        return [(case.case_id, case) for case in tp_cases(profile, seed)]
+
+    def run(self, run: ConformanceRun, case_id: str, case: TPCase, values=None) -> CaseResult:
+        try:
+            return run.tp_executor.run(case)
+        except ValueError as exc:  # --devices cannot give every rank a device: the run's options, not the target
+            raise RunError(str(exc)) from None
+
+
+LAYER = LayerKind()

@@ -1,0 +1,55 @@
+"""End-to-end model cases (design level 4): greedy generation of small decoders with mixed adapters.
+
+The referee (``conformance.e2e``'s float64 reference decoder and comparisons) lives here, in the
+referee's process: it computes the reference continuations, the target's worker produces the target's
+generations for them (``produce_e2e``), and the referee judges what came back.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from conformance.e2e.cases import E2ECase, e2e_cases
+from conformance.e2e.run import E2EResult
+from conformance.errors import RunError
+from conformance.isolation import Breakdown, TargetLoadError
+from conformance.record import CaseResult
+
+from .base import CaseKind
+from .op import breakdown_message
+
+if TYPE_CHECKING:
+    from conformance.session import ConformanceRun
+
+FIXTURE_ERRORS = (FileNotFoundError, ValueError, ImportError)  # the fixtures, not the target: a usage error
+
+
+class ModelKind(CaseKind):
+    name = "model"
+    markers = {"e2e": "an end-to-end generation case (design level 4, the model)"}
+    result_type = E2EResult
+
+    def owns(self, case) -> bool:
+        return isinstance(case, E2ECase)
+
+    def cases(self, profile: str, seed: int) -> list[tuple[str, E2ECase]]:
+        return [(case.case_id, case) for case in e2e_cases(profile)]
+
+    def run(self, run: ConformanceRun, case_id: str, case: E2ECase, values=None) -> CaseResult:
+        try:
+            referee = run.e2e_referee
+            continuations = referee.continuations(case)
+        except FIXTURE_ERRORS as exc:
+            raise RunError(str(exc)) from None
+        started = time.perf_counter()
+        try:
+            production = run.executor.produce_e2e(case, continuations, run.repeat)
+        except (Breakdown, TargetLoadError) as exc:
+            return self.broken(case_id, case, exc.kind, breakdown_message(exc), time.perf_counter() - started)
+        except FIXTURE_ERRORS as exc:
+            raise RunError(str(exc)) from None
+        return referee.judge(case, production)
+
+
+MODEL = ModelKind()

@@ -1,0 +1,133 @@
+"""Op cases (design levels 1 and 2: the kernels and the PunicaWrapper methods): one op on one drawn batch.
+
+The values are drawn here, in the referee's process, from the case's seed (or read from a replay); the
+target's worker calls the op (``conformance.target_call``) and hands back everything it was given; the
+verdict is reached here (``conformance.referee``). A failure the target reported is attempted a second
+time (flaky or consistent). A failing case leaves a replay file, whose command is its repro, and with
+``--shrink`` the smallest case failing the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from conformance.cases.case import Case
+from conformance.cases.features import case_features
+from conformance.cases.replay import write_replay
+from conformance.generator import PROFILES, profile_cases
+from conformance.isolation import Breakdown, TargetLoadError
+from conformance.ops import OP_SPECS, Level
+from conformance.record import CaseResult
+from conformance.referee import judge_op
+from conformance.runner import make_values, needs_second_attempt
+from conformance.verdict import FailureKind, Outcome
+
+from .base import CaseKind
+
+if TYPE_CHECKING:
+    from conformance.session import ConformanceRun
+
+
+def breakdown_message(exc: Exception) -> str:
+    """What a worker's death, hang or failed start says (``Breakdown`` / ``TargetLoadError``)."""
+    return getattr(exc, "message", None) or str(exc)
+
+
+class OpKind(CaseKind):
+    name = "op"
+    markers = {
+        Level.KERNEL.value: "a kernel-level op case (design level 1)",
+        Level.WRAPPER.value: "a PunicaWrapper-level op case (design level 2)",
+    }
+
+    def owns(self, case) -> bool:
+        return isinstance(case, Case)
+
+    def cases(self, profile: str, seed: int) -> list[tuple[str, Case]]:
+        return profile_cases(profile, seed)
+
+    def marks(self, case: Case) -> tuple[str, ...]:
+        return (OP_SPECS[case.op].level.value,)
+
+    def features(self, case: Case) -> frozenset[str]:
+        return case_features(case)
+
+    def run(self, run: ConformanceRun, case_id: str, case: Case, values=None, *, runs: int | None = None,
+            second_attempt: bool = True) -> CaseResult:
+        """The values drawn here, the target called in its worker, the verdict reached here; a failure the
+        target reported is attempted a second time, and a breakdown of that attempt makes the case flaky."""
+        values = make_values(case) if values is None else values
+        runs = run.repeat if runs is None else runs
+        started = time.perf_counter()
+        attempts = []
+        try:
+            attempts.append(run.executor.call_target(case, values, runs))
+            result = judge_op(case, case_id, values, attempts, require_deterministic=run.require_deterministic)
+            if second_attempt and needs_second_attempt(result):
+                attempts.append(run.executor.call_target(case, values, runs))
+                result = judge_op(case, case_id, values, attempts, require_deterministic=run.require_deterministic)
+        except (Breakdown, TargetLoadError) as exc:
+            if not attempts:
+                return self.broken(case_id, case, exc.kind, breakdown_message(exc), time.perf_counter() - started)
+            result = judge_op(case, case_id, values, attempts[:1], require_deterministic=run.require_deterministic)
+            result.stability = "flaky"
+            result.message += f" (flaky: attempt 2 {exc.kind.value}: {breakdown_message(exc)})"
+        return result
+
+    def after_failure(self, run: ConformanceRun, result: CaseResult, values=None) -> dict | None:
+        """A replay file of the case (the repro replays it) and, with ``--shrink``, the shrunk case's."""
+        case = result.case
+        path = write_replay(
+            run.report_dir / "replays", result.case_id, case, make_values(case) if values is None else values,
+            target=run.target_name, outcome=result.outcome.value, message=result.message, suite_version=run.suite_version,
+        )
+        result.replay = str(path)
+        result.repro = run.repro_command(path)
+        if run.shrink and result.outcome is not Outcome.KNOWN_FAILURE:
+            return self.add_shrunk_case(run, result)
+        return None
+
+    def add_shrunk_case(self, run: ConformanceRun, result: CaseResult) -> dict | None:
+        """Shrink a failure; the shrunk case's replay, repro and structure (the record's ``shrunk``), or None."""
+        if result.kind in (FailureKind.CRASHED, FailureKind.TIMED_OUT):
+            result.message += " (not shrunk: every candidate of a crash or hang would need a process of its own)"
+            return None
+        try:
+            smallest = self._shrink(run, result)
+        except (Breakdown, TargetLoadError) as exc:
+            result.message += f" (shrinking stopped: {breakdown_message(exc)})"
+            return None
+        if smallest is None:
+            result.message += " (shrinking found no smaller case failing the same way)"
+            return None
+        path = write_replay(
+            run.report_dir / "replays", f"{result.case_id}.shrunk", smallest, make_values(smallest),
+            target=run.target_name, shrunk_from=result.case_id, suite_version=run.suite_version,
+        )
+        shape = f"{len(smallest.seq_lens)} sequences, {smallest.num_tokens} tokens, {smallest.num_slots} slots, rank {smallest.max_rank}"
+        result.repro = f"{result.repro}\nshrunk ({shape}): {run.repro_command(path)}"
+        # structured, so that a cluster's smallest case can be the shrunk one without reading the repro text
+        return {"replay": str(path), "repro": run.repro_command(path), "case": smallest.to_json()}
+
+    def _shrink(self, run: ConformanceRun, failing: CaseResult) -> Case | None:
+        """Hypothesis searches here; each candidate's target call goes to the worker and is judged here, one
+        call and one attempt each; the search stops after 20 case timeouts."""
+        # Hypothesis loads only here: a run never needs it otherwise once its profile's cases are in the
+        # disk cache, and its import costs seconds per process (conformance.generator.cache).
+        from conformance import hypothesis_profile
+        from conformance.shrinking import shrink_failure
+
+        hypothesis_profile.load()
+        timeout = run.case_timeout
+        deadline = time.monotonic() + 20 * timeout if timeout else None
+
+        def judged(candidate: Case) -> CaseResult:
+            if deadline is not None and time.monotonic() > deadline:
+                raise Breakdown(FailureKind.TIMED_OUT, f"the search outlasted 20 case timeouts ({20 * timeout:g} s)")
+            return self.run(run, candidate.case_id, candidate, runs=1, second_attempt=False)
+
+        return shrink_failure(judged, failing, PROFILES[run.profile].limits)
+
+
+OP = OpKind()

@@ -1,0 +1,83 @@
+"""One case's result, at any level: the typed record every front end, journal and report reads.
+
+Op cases (``conformance.referee``), tensor-parallel layer cases (``conformance.tp``) and end-to-end
+model cases (``conformance.e2e``) all end as a :class:`CaseResult` (the last two as subclasses that add
+their own fields); :meth:`CaseResult.to_json` is the results schema of ``results.json``. Every message
+is made safe to write here, whatever the target put into it (``conformance.text``): a surrogate, a
+control character or ten megabytes cannot break an artifact.
+
+Determinism (``stability``): a case's target call is repeated on fresh copies of its inputs
+(``--repeat``), and a failure is attempted once more:
+
+* ``deterministic``: every call gave bit-identical results;
+* ``nondeterministic``: the calls differ bit for bit (``determinism`` says by how much); a pass stays a
+  pass unless ``--require-deterministic``;
+* ``flaky``: the verdict itself did not repeat (a call or an attempt passed, another failed); a flaky
+  failure still fails the gate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conformance.cases.case import Case
+from conformance.ops import OP_SPECS, Level
+from conformance.text import safe_text
+from conformance.verdict import FailureKind, Measurement, Outcome
+
+STABILITIES = ("deterministic", "nondeterministic", "flaky")
+
+
+@dataclass
+class CaseResult:
+    case_id: str
+    case: Case
+    outcome: Outcome
+    message: str = ""
+    measurement: Measurement | None = None
+    features: frozenset[str] = field(default_factory=frozenset)
+    seconds: float = 0.0
+    failing_slots: tuple[int, ...] = ()  # the slots of the output rows where a problem shows
+    failing_slices: tuple[int, ...] = ()  # the output slices where a problem shows (−1: columns outside every slice)
+    expectation: dict | None = None  # the expectations entry that matched, if any
+    replay: str | None = None  # the replay file written for this case, if any
+    repro: str | None = None  # the one-line command that reruns it
+    kinds: tuple[FailureKind, ...] = ()  # how it went wrong (empty for a pass), most telling first
+    stability: str | None = None  # see the module docstring; None: not measured (one call, or none ran)
+    determinism: dict | None = None  # runs, attempts, differing elements, largest difference between calls
+
+    @property
+    def kind(self) -> FailureKind | None:
+        return self.kinds[0] if self.kinds else None
+
+    @property
+    def level(self) -> Level:
+        return OP_SPECS[self.case.op].level
+
+    def measurement_json(self) -> dict | None:
+        return self.measurement.to_json() if self.measurement else None
+
+    def to_json(self) -> dict:
+        """The results schema (results.json, the report, merge): one record per case, at any level."""
+        return {
+            "id": self.case_id,
+            "op": self.case.op,
+            "level": self.level.value,
+            "dtype": self.case.dtype,
+            "family": self.case.family,
+            "features": sorted(self.features),
+            "outcome": self.outcome.value,
+            "kind": self.kind.value if self.kind else None,
+            "kinds": [kind.value for kind in self.kinds],
+            "message": safe_text(self.message),
+            "measurement": self.measurement_json(),
+            "seconds": round(self.seconds, 4),
+            "failing_slots": list(self.failing_slots),
+            "failing_slices": list(self.failing_slices),
+            "expectation": self.expectation,
+            "replay": self.replay,
+            "repro": self.repro,
+            "stability": self.stability,
+            "determinism": self.determinism,
+            "case": self.case.to_json(),
+        }

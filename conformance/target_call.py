@@ -1,0 +1,129 @@
+"""The target's half of an op case: call it as vLLM would, and hand back everything it was given.
+
+This is all of a case that runs in the target's process (``conformance.isolation``); the referee
+(``conformance.referee``) draws the values before and judges what comes back after, in a process that
+never imports the target. So nothing here decides an outcome: :func:`call_target` only reports what
+happened, as plain data (:class:`TargetCall`, CPU tensors) that crosses a pipe.
+
+What the target gets, per attempt at a case:
+
+* a wrapper op: one ``update_metadata(mapping)``, then the method ``runs`` times on that one state,
+  each time on fresh copies of the inputs: vLLM updates the metadata once per step and calls the
+  wrapper once per LoRA layer, so a wrapper that loses its batch state after one call shows here;
+* a kernel op: the kernel ``runs`` times, each on fresh copies of its inputs and of its metadata.
+
+Every tensor handed over comes back after each call (:func:`handed_tensors`): the op's values (its
+inputs and outputs) and the metadata built for the call (``lora_indices_tensor``, ``seq_len_tensor``,
+``token_lora_mapping``, ``lora_ids``, …), named by the parameter of the op's reference signature, so
+the referee can say which one a target wrote into.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from conformance.cases.case import Case
+from conformance.ops import OP_SPECS, Level, OpCall, OpSpec, case_mapping
+from conformance.text import describe_exception
+
+Tensors = dict[str, torch.Tensor]
+
+DEFAULT_RUNS = 2  # calls per attempt: the determinism check compares them bit for bit (--repeat)
+
+
+@dataclass
+class TargetCall:
+    """What one attempt at a case gave: ``status`` ``"ran"``, ``"raised"`` or ``"not_supported"``.
+
+    ``runs`` holds, for each call that returned, every tensor handed to the target as it was after
+    that call, on the CPU; ``raised_in`` the call (0-based) that raised, if one did.
+    """
+
+    status: str
+    message: str = ""
+    runs: list[Tensors] = field(default_factory=list)
+    seconds: float = 0.0
+    raised_in: int | None = None
+
+
+def _parameter_names(spec: OpSpec) -> list[str]:
+    parameters = list(inspect.signature(spec.reference).parameters.values())
+    if spec.level == Level.WRAPPER:
+        parameters = parameters[1:]  # a method of PunicaWrapperReference: its self
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def call_tensors(spec: OpSpec, call: OpCall) -> dict[str, torch.Tensor]:
+    """Every tensor in ``call``, named by the parameter it is passed as (``lora_a_stacked[1]`` for the
+    second of a tuple); positional arguments past the reference's signature as ``argument N``."""
+    names = _parameter_names(spec)
+    arguments = [(names[i] if i < len(names) else f"argument {i}", value) for i, value in enumerate(call.args)]
+    arguments += list(call.kwargs.items())
+    found: dict[str, torch.Tensor] = {}
+    for name, value in arguments:
+        if isinstance(value, torch.Tensor):
+            found[name] = value
+        elif isinstance(value, (tuple, list)):
+            found.update((f"{name}[{i}]", item) for i, item in enumerate(value) if isinstance(item, torch.Tensor))
+    return found
+
+
+def prepare(spec: OpSpec, case: Case, values: Tensors, device: torch.device) -> tuple[Tensors, OpCall]:
+    """Fresh copies of ``values`` on ``device``, the call made of them, and every tensor the call hands
+    over: the values by their own names, the metadata the call built by parameter name."""
+    tensors = {name: value.to(device).clone() for name, value in values.items()}
+    call = spec.make_call(case, tensors, device)
+    handed = dict(tensors)
+    storages = {tensor.untyped_storage().data_ptr() for tensor in tensors.values()}
+    for name, tensor in call_tensors(spec, call).items():
+        if tensor.untyped_storage().data_ptr() not in storages:  # not a view of a value: metadata
+            handed[name if name not in handed else f"{name} (metadata)"] = tensor
+    return handed, call
+
+
+def handed_tensors(spec: OpSpec, case: Case, values: Tensors) -> Tensors:
+    """What a correct target hands back, on the CPU: the values as drawn and the metadata as built."""
+    return prepare(spec, case, values, torch.device("cpu"))[0]
+
+
+def execute(spec: OpSpec, case: Case, values: Tensors, impl, device: torch.device, *, update_metadata: bool = True) -> Tensors:
+    """Run ``spec`` once on copies of ``values`` moved to ``device``; every handed tensor afterwards, on the CPU.
+
+    ``update_metadata=False`` reuses the mapping ``impl`` was given by an earlier ``execute`` of the
+    same case (the reference's oracle and baseline runs share one).
+    """
+    if spec.level == Level.WRAPPER and update_metadata:
+        impl.update_metadata(case_mapping(case))
+    handed, call = prepare(spec, case, values, device)
+    getattr(impl, spec.name)(*call.args, **call.kwargs)
+    impl.synchronize()
+    return {name: tensor.cpu() for name, tensor in handed.items()}
+
+
+def call_target(target, case: Case, values: Tensors, runs: int = DEFAULT_RUNS) -> TargetCall:
+    """One attempt at ``case`` on ``target``: see the module docstring. Never raises for the target."""
+    if case.op not in target.implemented_ops():
+        return TargetCall("not_supported", target.not_implemented_reason(case.op))
+    reason = target.unsupported_reason(case)
+    if reason is not None:
+        return TargetCall("not_supported", reason)
+    spec = OP_SPECS[case.op]
+    outcome = TargetCall("ran")
+    started = time.perf_counter()
+    try:
+        if spec.level == Level.WRAPPER:
+            target.update_metadata(case_mapping(case))  # once: every call below runs on this state
+        for run in range(runs):
+            outcome.raised_in = run
+            outcome.runs.append(execute(spec, case, values, target, target.device, update_metadata=False))
+        outcome.raised_in = None
+    except NotImplementedError as exc:
+        return TargetCall("not_supported", f"{case.op} raised {describe_exception(exc)}")
+    except Exception as exc:  # noqa: BLE001 - whatever the target raises is the referee's to judge
+        outcome.status, outcome.message = "raised", describe_exception(exc)
+    outcome.seconds = time.perf_counter() - started
+    return outcome

@@ -1,0 +1,147 @@
+"""What the referee may know of a target without importing it: its facts, read where the target runs.
+
+The referee (drawing values, the float64 oracle, the judgement: ``conformance.referee``) runs in a
+process that never imports the target's module, so that nothing the target or a library it imports
+patches (a torch function, the harness itself) can move a verdict. Yet the run needs a few things
+about the target before and between cases: whether it can run here at all (a usage error, not a
+broken case), its name, its device type (which visible-devices variable ``--devices`` sets, which
+``torch.distributed`` backend its tensor-parallel ranks use), which methods it defines (tensor-parallel
+cases need three wrapper methods) and which dtypes it claims. :class:`TargetFacts` holds exactly
+that, as plain data: the target's worker process reads them from the class it loaded
+(:func:`facts_of`) and sends them to its parent (``conformance.isolation``), and an xdist controller
+hands its copy to the workers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from conformance.ops import Level, ops_at
+
+from .base import Target
+
+# Methods outside the op registry that a level asks about: the layer and model cases' wrapper methods.
+EXTRA_METHODS = ("update_metadata", "add_lora_w13", "add_lora_w2")
+
+
+@dataclass(frozen=True)
+class TargetFacts:
+    """A target class's facts, as its own process read them (see the module docstring)."""
+
+    name: str  # the class's ``name``
+    reference: str  # ``module:Class``
+    device_type: str  # ``default_device().type``
+    dtypes: tuple[str, ...]  # the dtypes it claims, as torch names ("bfloat16", …)
+    methods: tuple[str, ...]  # the ops (and EXTRA_METHODS) it defines
+    generation_engine: str
+    visible_devices_env: str | None  # the variable that selects one of its devices
+    distributed_backend: str | None  # the torch.distributed backend of its tensor-parallel ranks
+    why_not_implemented: dict[str, str] = field(default_factory=dict)
+
+    def defines(self, method: str) -> bool:
+        return method in self.methods
+
+    def claims(self, dtype: str) -> bool:
+        return dtype in self.dtypes
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> TargetFacts:
+        data = json.loads(text)
+        return cls(**{**data, "dtypes": tuple(data["dtypes"]), "methods": tuple(data["methods"])})
+
+
+def facts_of(cls: type[Target]) -> TargetFacts:
+    """The facts of a loaded target class (call ``check_available`` first: facts of a target that
+    cannot run here mean nothing)."""
+    names = ops_at(Level.KERNEL) + ops_at(Level.WRAPPER) + EXTRA_METHODS
+    traits = cls.device_traits()
+    return TargetFacts(
+        name=cls.name,
+        reference=f"{cls.__module__}:{cls.__qualname__}",
+        device_type=traits.type,
+        dtypes=tuple(sorted(str(dtype).removeprefix("torch.") for dtype in cls.dtypes if isinstance(dtype, torch.dtype))),
+        methods=tuple(name for name in names if callable(getattr(cls, name, None))),
+        generation_engine=cls.generation_engine,
+        visible_devices_env=traits.visible_devices_env,
+        distributed_backend=traits.distributed_backend,
+        why_not_implemented=dict(cls.why_not_implemented),
+    )
+
+
+# -- reading them in a process of their own ------------------------------------------------------
+
+PROBE_TIMEOUT = 600.0  # seconds to import torch and the target's module (a device runtime can be slow)
+_UNAVAILABLE, _UNKNOWN = "unavailable", "unknown"
+
+
+def probe(target_name: str) -> TargetFacts:
+    """The facts of ``target_name``, read by a short-lived process that imports it: this process never does.
+
+    Raises :class:`TargetError` (no such target, or its module does not import) or
+    :class:`TargetUnavailable` (it cannot run here), with the target's own one-line reason.
+    """
+    import os
+    import subprocess
+    import sys
+
+    from .base import TargetError, TargetUnavailable
+    from .registry import known_targets
+
+    known = known_targets()
+    if target_name not in known and ":" not in target_name:  # said without starting a process
+        raise TargetError(f"unknown target {target_name!r}; known targets: {', '.join(sorted(known))} (or package.module:Class)")
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "conformance.targets.facts", target_name], env=environment, stdin=subprocess.DEVNULL,
+            capture_output=True, timeout=PROBE_TIMEOUT, start_new_session=True,
+        )
+    except subprocess.TimeoutExpired:
+        raise TargetUnavailable(f"target {target_name!r}: importing it did not finish within {PROBE_TIMEOUT:g} s") from None
+    answer = done.stdout.decode("utf-8", "backslashreplace").strip().splitlines()
+    if done.returncode != 0 or not answer:
+        error = done.stderr.decode("utf-8", "backslashreplace").strip().splitlines()
+        raise TargetError(f"target {target_name!r}: the process reading its facts exited with status {done.returncode}: "
+                          f"{error[-1] if error else 'no message'}")
+    tag, _, rest = answer[-1].partition(" ")
+    if tag == _UNAVAILABLE:
+        raise TargetUnavailable(rest)
+    if tag == _UNKNOWN:
+        raise TargetError(rest)
+    return TargetFacts.from_json(rest)
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m conformance.targets.facts NAME``: one line, ``facts {json}``, ``unavailable REASON`` or
+    ``unknown REASON``; what the target's import prints goes to stderr, not into the answer."""
+    import contextlib
+    import sys
+
+    from .base import TargetError, TargetUnavailable
+    from .registry import resolve
+
+    answer = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            cls = resolve(argv[0])
+            cls.check_available()
+            line = f"facts {facts_of(cls).to_json()}"
+        except TargetError as exc:
+            line = f"{_UNKNOWN} {' '.join(str(exc).split())}"
+        except TargetUnavailable as exc:
+            line = f"{_UNAVAILABLE} {' '.join(str(exc).splitlines()[:1])}"
+    answer.write(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))
