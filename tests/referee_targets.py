@@ -14,7 +14,8 @@ misbehaves in one way, as a backend or a vendor library it imports might:
   ``lora_indices_tensor``, sgmv ``seq_len_tensor``, ``lora_shrink``'s ``token_lora_mapping`` and
   ``lora_ids``), which vLLM shares across every layer of a step;
 * ``ForgetsItsBatchAfterOneCall``: a wrapper that drops its batch state after one call;
-* ``WrongOneCallInTwelve``: wrong on one call in twelve, at random (a race, split-K atomics).
+* ``WrongOneCallInTwelve``: wrong on one call in twelve, at random (a race, split-K atomics);
+* ``LastBitWobbles``: correct, but one element differs by an ulp between calls (a reduction order that changes).
 """
 
 from __future__ import annotations
@@ -143,3 +144,23 @@ class WrongOneCallInTwelve(HpuEmulatedTarget):
         if self._random.randrange(12) == 0:
             scaling = scaling * 2
         return super().bgmv_shrink(inputs, lora_a_weights, output_tensor, lora_indices_tensor, scaling)
+
+
+class LastBitWobbles(HpuEmulatedTarget):
+    """Correct, but every other add_lora_linear call ends one ulp higher in one element it writes, as a
+    split-K reduction whose order changes from call to call does: nondeterministic, never wrong."""
+
+    name = "last-bit-wobbles"
+
+    def update_metadata(self, mapping):
+        self._mapping, self._calls = mapping, 0
+        return super().update_metadata(mapping)
+
+    def add_lora_linear(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, **kwargs):
+        result = super().add_lora_linear(y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, **kwargs)
+        self._calls += 1
+        rows = [row for row, slot in enumerate(self._mapping.token_slots) if slot != -1]
+        if self._calls % 2 == 0 and rows:
+            column = kwargs.get("offset_start", 0)
+            y[rows[0], column] = torch.nextafter(y[rows[0], column], torch.tensor(float("inf"), dtype=y.dtype))
+        return result
