@@ -37,8 +37,7 @@ from conformance.isolation import IsolatedExecutor, LocalExecutor
 from conformance.levels import KINDS, CaseKind, kind_of
 from conformance.record import CaseResult
 from conformance.report import write_html_report
-from conformance.report.clusters import add_clusters
-from conformance.report.coverage import add_coverage
+from conformance.report.document import results_document
 from conformance.report.fingerprint import device_description, environment_fingerprint
 from conformance.runner import check_values
 from conformance.target_call import DEFAULT_RUNS
@@ -383,14 +382,8 @@ class ConformanceRun:
 
     def build_document(self, manifest: dict, *, workers: list[dict] | None = None, pytest_exitstatus: int = 0) -> dict:
         """The results document from the manifest and every journal, with the environment and devices."""
-        workers = workers or [self.worker_info()]
-        document = journal.build_document(manifest, journal.read_journals(self.report_dir), workers=workers, pytest_exitstatus=pytest_exitstatus)
-        environment = document["environment"] = environment_fingerprint(environ=os.environ)
-        devices = list(dict.fromkeys((w.get("device"), w.get("driver")) for w in workers))
-        environment["device"] = "; ".join(str(name) for name, _ in devices)
-        environment["driver"] = "; ".join(dict.fromkeys(str(driver) for _, driver in devices))
-        # one cluster per distinct problem, and what the cases exercised (conformance.report.clusters, .coverage)
-        return add_coverage(add_clusters(document))
+        return results_document(manifest, journal.read_journals(self.report_dir), workers=workers or [self.worker_info()],
+                                pytest_exitstatus=pytest_exitstatus, environment=environment_fingerprint(environ=os.environ))
 
     def write_document(self, document: dict) -> None:
         """results.json and report.html in the report dir."""

@@ -32,10 +32,9 @@ from pathlib import Path
 
 from conformance import journal
 from conformance.report.allure_html import AllureToolMissing, generate_allure_html
-from conformance.report.clusters import add_clusters
 from conformance.report.compare import CompareError, compare_documents, read_run
 from conformance.report.compare_html import write_compare_html
-from conformance.report.coverage import add_coverage
+from conformance.report.document import results_document
 from conformance.report.html import write_html_report
 from conformance.report.merge import MergeError, merge_documents, read_document
 
@@ -100,7 +99,7 @@ def _rebuild(report_dir: Path, out: str | None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    document = add_coverage(add_clusters(journal.build_document(manifest, journal.read_journals(report_dir))))
+    document = results_document(manifest, journal.read_journals(report_dir))
     (report_dir / "results.json").write_text(json.dumps(document, indent=1) + "\n")
     report = write_html_report(document, out or report_dir / "report.html")
     print(verdict_line(document))

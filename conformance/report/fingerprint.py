@@ -99,7 +99,10 @@ def device_description(device_type: str) -> dict[str, str]:
             return _cuda()
         if device_type == "hpu":
             return _hpu()
-        return {"device": f"{device_type}: {_cpu_model()}", "driver": "n/a"}
+        if device_type == "cpu":
+            return {"device": f"cpu: {_cpu_model()}", "driver": "n/a"}
+        # a device type the suite does not know: say so, rather than pass the host's CPU off as the device
+        return {"device": f"{device_type}: not described (a device type the suite has no reader for)", "driver": "unknown"}
     except Exception as exc:  # noqa: BLE001 - a fingerprint must never fail the run it describes
         return {"device": f"{device_type}: unreadable ({type(exc).__name__}: {exc})", "driver": "unknown"}
 

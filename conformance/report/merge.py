@@ -27,9 +27,8 @@ from pathlib import Path
 
 import conformance
 from conformance.gate import gate_verdict, listed
-from conformance.journal import build_document, case_list_summary
-from conformance.report.clusters import add_clusters
-from conformance.report.coverage import add_coverage
+from conformance.journal import case_list_summary
+from conformance.report.document import results_document
 
 SAME_FIELDS = ("suite_version", "target", "profile", "seed")
 
@@ -111,20 +110,17 @@ def merge_documents(documents: list[dict], sources: list[str] | None = None, *, 
     if len({json.dumps(f["environment"], sort_keys=True) for f in fingerprints}) > 1:
         manifest["environments"] = fingerprints  # machines differ: keep each one's whole fingerprint
     workers = [{"source": source, **worker} for source, document in zip(sources, documents) for worker in document.get("workers") or []]
-    # the same document a single run builds from its manifest and journals (missing, unexpected, gate)
-    merged = build_document(manifest, results, workers=workers)
     absent_shards = _missing_shards(documents)
     extra_reasons = _input_gate_reasons(documents, sources) + absent_shards
     if duplicated:
         extra_reasons.append(f"{len(duplicated)} case(s) have results in more than one input: {listed(duplicated)}")
     if case_list_summary(covered) != whole and not absent_shards:
         extra_reasons.append(f"the inputs' shards hold {len(covered)} of the profile's {whole['count']} cases: merge every shard")
-    gate = merged["gate"]
-    if extra_reasons:
-        merged["gate"] = {**gate, "passed": False, "reasons": [*gate["reasons"], *extra_reasons]}
+    # the same document a single run builds (missing, unexpected, gate), with the clusters and coverage of the
+    # union: a bug every shard hit is one problem, not one per shard
+    merged = results_document(manifest, results, workers=workers, extra_reasons=extra_reasons)
     merged["duplicated"] = duplicated
-    # clusters and coverage of the union: a bug every shard hit is one problem, not one per shard
-    return add_coverage(add_clusters(merged))
+    return merged
 
 
 def _check_same_population(documents: list[dict], sources: list[str]) -> None:

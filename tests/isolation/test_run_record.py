@@ -71,6 +71,15 @@ class TestJournal:
         assert journal.case_id_of("tests/test_x.py::test_y[1]") is None
 
 
+def judged(executor, case_id, case):
+    """One op case through the op level, its target's half in ``executor``, judged here."""
+    from types import SimpleNamespace
+
+    from conformance.levels import OP
+
+    return OP.run(SimpleNamespace(executor=executor, repeat=2, require_deterministic=False), case_id, case)
+
+
 class TestWorkerProcess:
     def test_exits_and_signals_are_described(self):
         assert describe_exit(-6) == "died with signal 6 (SIGABRT)"
@@ -96,11 +105,11 @@ class TestWorkerProcess:
         shrink = next(i for i, c in cases.items() if c.op == "bgmv_shrink" and c.dtype == "float32")
         executor = IsolatedExecutor("misbehaving_targets:Aborts", case_timeout=60)
         try:
-            crashed = executor.run_op(linear, cases[linear], None)
+            crashed = judged(executor, linear, cases[linear])
             assert crashed.outcome is Outcome.BROKEN and crashed.kinds == (FailureKind.CRASHED,)
             assert "SIGABRT" in crashed.message and "in misbehave" in crashed.message
-            judged = executor.run_op(shrink, cases[shrink], None)
-            assert judged.outcome is Outcome.PASS and executor.restarts == 1
+            passed = judged(executor, shrink, cases[shrink])
+            assert passed.outcome is Outcome.PASS and executor.restarts == 1
             assert executor.device_description()["device"].startswith("cpu")
         finally:
             executor.close()
@@ -110,7 +119,7 @@ class TestWorkerProcess:
         cases = profile_cases("smoke", 0)[:3]
         executor = IsolatedExecutor("misbehaving_targets:AbortsWhileLoading", case_timeout=60)
         try:
-            results = [executor.run_op(case_id, case, None) for case_id, case in cases]
+            results = [judged(executor, case_id, case) for case_id, case in cases]
         finally:
             executor.close()
         assert all(r.outcome is Outcome.BROKEN and r.kinds == (FailureKind.CRASHED,) for r in results)
@@ -124,7 +133,7 @@ class TestWorkerProcess:
         executor = IsolatedExecutor("hpu-emulated", case_timeout=60)
         try:
             for _ in range(2):
-                result = executor.run_op(case_id, case, None)
+                result = judged(executor, case_id, case)
                 assert result.outcome is Outcome.BROKEN and result.kinds == (FailureKind.RAISED,)
                 assert "could not be loaded in the worker process" in result.message and "BUCKETS" in result.message
         finally:

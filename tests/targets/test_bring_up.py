@@ -244,7 +244,7 @@ def _first_case(smoke_cases, op: str, **fields) -> tuple[str, Case]:
 def test_the_lora_composition_aligns_with_the_targets_own_kernel_then_walks_the_blocks(smoke_cases, op):
     case_id, case = _first_case(smoke_cases, op)
     target = KernelCalls()
-    assert run_case(target, case, case_id).outcome is Outcome.PASS
+    assert run_case(target, case, case_id, runs=1).outcome is Outcome.PASS
     (align, align_args), (fused, fused_args) = target.calls
     assert (align, fused) == ("moe_lora_align_block_size", "fused_moe_lora")
     sorted_ids, expert_ids, padded = align_args[7:10]
@@ -257,7 +257,7 @@ def test_the_classic_composition_gives_the_kernel_each_pairs_local_expert(smoke_
     case_id, case = _first_case(smoke_cases, "add_lora_w2", family="moe_nonlocal")
     target = type("Naive", (KernelCalls,), {"moe_lora_align_block_size": None})()
     assert target.wrapper_path("add_lora_w2") == "classic"
-    assert run_case(target, case, case_id).outcome is Outcome.PASS
+    assert run_case(target, case, case_id, runs=1).outcome is Outcome.PASS
     ((name, args),) = target.calls
     sorted_ids, expert_ids, padded = args[5:8]
     assert name == "fused_moe_lora" and sorted_ids is None and padded is None
@@ -269,7 +269,7 @@ def test_the_classic_composition_gives_the_kernel_each_pairs_local_expert(smoke_
 def test_shared_stacks_reach_the_kernel_expanded_with_stride_0(smoke_cases, op):
     case_id, case = _first_case(smoke_cases, op, shared_experts=True)
     target = KernelCalls()
-    assert run_case(target, case, case_id).outcome is Outcome.PASS
+    assert run_case(target, case, case_id, runs=1).outcome is Outcome.PASS
     ((_, args),) = [call for call in target.calls if call[0] == "fused_moe_lora"]
     shared = args[2] if op == "add_lora_w13" else args[3]  # w13 shares LoRA-A, w2 LoRA-B
     per_expert = args[3] if op == "add_lora_w13" else args[2]
@@ -280,7 +280,7 @@ def test_shared_stacks_reach_the_kernel_expanded_with_stride_0(smoke_cases, op):
 def test_no_moe_kernel_runs_when_every_token_has_slot_minus_1(smoke_cases):
     case_id, case = next((i, c) for i, c in smoke_cases if c.op == "add_lora_w13" and set(c.token_slots) == {-1})
     target = KernelCalls()
-    assert run_case(target, case, case_id).outcome is Outcome.PASS
+    assert run_case(target, case, case_id, runs=1).outcome is Outcome.PASS
     assert target.calls == []
 
 
@@ -329,7 +329,7 @@ def test_a_wrapper_method_the_vendor_defines_wins_over_the_derived_one(example_c
     assert target.derived_from("add_shrink") == () and target.derived_from("add_expand") == ()
     case_id, case = cheapest_per_op["add_lora_linear"]
     assert case.seq_slots != (-1,) * len(case.seq_slots)
-    assert run_case(target, case, case_id).outcome is Outcome.PASS
+    assert run_case(target, case, case_id, runs=1).outcome is Outcome.PASS
     assert calls == ["add_shrink", "add_expand"]
 
     described = describe_class(Vendor)

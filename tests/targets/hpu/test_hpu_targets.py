@@ -140,7 +140,7 @@ def test_lazy_mode_marks_a_step_after_every_op_and_graphs_wrap_every_core_functi
     target.engine = LoRAEngine("mask", BucketPolicy(), layer)
     cases = [(cid, c) for cid, c in profile_cases("smoke") if c.family in ("neg1", "slices", "bias")]
     for case_id, case in cases:
-        result = run_case(target, case, case_id)
+        result = run_case(target, case, case_id, runs=1)
         assert result.outcome is Outcome.PASS, (case_id, result.message)
     calls = sum(1 for _, case in cases if case.op not in ("lora_shrink", "lora_expand") or any(s != -1 for s in case.seq_slots))
     # One mark_step per op call (lora_* return early when no row has an adapter), one more per synchronize.
