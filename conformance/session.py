@@ -217,7 +217,8 @@ class ConformanceRun:
         if self._tp_executor is None:
             self._tp_executor = TPExecutor(
                 self.target_name, self.facts, case_timeout=self.case_timeout, torch_threads=torch.get_num_threads(),
-                devices=self.devices, device_env=self.device_env,
+                devices=self.devices, device_env=self.device_env, runs=self.repeat,
+                require_deterministic=self.require_deterministic,
             )
         return self._tp_executor
 

@@ -20,6 +20,7 @@ from conformance.record import CaseResult
 from conformance.targets.facts import TargetFacts
 from conformance.verdict import FailureKind, Outcome
 from conformance.verdict.failure_kind import ordered
+from conformance.verdict.metrics import bitwise_differences
 
 from .case import TPCase
 from .composition import REQUIRED_WRAPPER_METHODS
@@ -58,6 +59,22 @@ def unsupported_reason(facts: TargetFacts, case: TPCase) -> str | None:
     return None
 
 
+def layer_determinism(outputs: list) -> dict | None:
+    """How far the gathered outputs of repeated calls differ from the first, bit for bit; None for one call."""
+    if len(outputs) < 2:
+        return None
+    differing, largest = 0, 0.0
+    for output in outputs[1:]:
+        if output.shape != outputs[0].shape or output.dtype != outputs[0].dtype:
+            return {"calls": len(outputs), "identical": False, "differing_elements": outputs[0].numel(), "max_abs_difference": "inf"}
+        mask = bitwise_differences(output, outputs[0])
+        if mask.any():
+            differing += int(mask.sum())
+            largest = max(largest, float((output[mask].double() - outputs[0][mask].double()).abs().nan_to_num(nan=float("inf")).max()))
+    return {"calls": len(outputs), "identical": differing == 0, "differing_elements": differing,
+            "max_abs_difference": largest if largest != float("inf") else "inf"}
+
+
 def rank_devices(devices: str | list[str] | None, device_type: str, tp_size: int, device_env: str | None) -> tuple[list[str] | None, str | None]:
     """The device id of each rank and the variable that selects it, from ``--devices``.
 
@@ -81,9 +98,12 @@ def rank_devices(devices: str | list[str] | None, device_type: str, tp_size: int
 
 class TPExecutor:
     def __init__(self, target_name: str, facts: TargetFacts, *, case_timeout: float | None, torch_threads: int = 1,
-                 devices: str | list[str] | None = None, device_env: str | None = None) -> None:
+                 devices: str | list[str] | None = None, device_env: str | None = None, runs: int = 1,
+                 require_deterministic: bool = False) -> None:
         self.target_name = target_name
         self.facts = facts
+        self.runs = runs  # calls per case on the same pool, compared bit for bit (--repeat)
+        self.require_deterministic = require_deterministic  # a nondeterministic pass fails
         self.case_timeout = None if not case_timeout else min(case_timeout, TP_CASE_TIMEOUT)
         self.torch_threads = torch_threads
         self.devices, self.device_env = devices, device_env
@@ -119,15 +139,35 @@ class TPExecutor:
             return TPResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features, kinds=(failure.kind,),
                             failing_ranks=failure.ranks)
         self.pool_starts += starting
+        calls = []  # each call's answers, by rank: the case runs `runs` times on the same pool
         try:
-            answers = pool.run(case, self.case_timeout)
+            for _ in range(self.runs):
+                calls.append(pool.run(case, self.case_timeout))
         except RankFailure as failure:
             seconds = time.perf_counter() - started
             if failure.kind is None:
                 return TPResult(case.case_id, case, Outcome.NOT_SUPPORTED, failure.message, features=features)
-            return TPResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features, seconds=seconds,
-                            kinds=(failure.kind,), failing_ranks=failure.ranks)
+            which = f" (call {len(calls) + 1} of {self.runs}; the earlier returned)" if calls else ""
+            return TPResult(case.case_id, case, Outcome.BROKEN, failure.message + which, features=features, seconds=seconds,
+                            kinds=(failure.kind,), failing_ranks=failure.ranks, stability="flaky" if calls else None)
         seconds = time.perf_counter() - started
+        results = [self._judged(case, answers, features, seconds) for answers in calls]
+        result = next((r for r in results if r.outcome is not Outcome.PASS), results[0])
+        result.determinism = layer_determinism([answers[0][0] for answers in calls])
+        if len({(r.outcome, r.kinds) for r in results}) > 1:
+            result.stability = "flaky"
+            result.message += f" (flaky: {sum(r.outcome is Outcome.PASS for r in results)} of {len(results)} calls passed)"
+        elif result.determinism is not None:
+            result.stability = "deterministic" if result.determinism["identical"] else "nondeterministic"
+        if result.outcome is Outcome.PASS and self.require_deterministic and result.stability == "nondeterministic":
+            result.outcome, result.kinds = Outcome.FAIL, (FailureKind.NONDETERMINISTIC,)
+            result.message = (f"{self.runs} calls on the same inputs differ in {result.determinism['differing_elements']} "
+                              "element(s) of the gathered output (--require-deterministic)")
+        return result
+
+    @staticmethod
+    def _judged(case: TPCase, answers: list, features, seconds: float) -> TPResult:
+        """One call of the case: rank 0's gathered output judged here, every rank's writes into its inputs named."""
         output = answers[0][0]
         modified = [(rank, text) for rank, (_, texts) in enumerate(answers) for text in texts]
         verdict, message, slots, ranks, kinds = judge_output(case, output)

@@ -25,8 +25,8 @@ def case_of(layer: str, fully_sharded: bool, tp_size: int, dtype: str = "float32
 def executor_of():
     made = []
 
-    def make(target: str, case_timeout: float = 60) -> TPExecutor:
-        made.append(TPExecutor(target, probe(target), case_timeout=case_timeout))
+    def make(target: str, case_timeout: float = 60, runs: int = 1) -> TPExecutor:
+        made.append(TPExecutor(target, probe(target), case_timeout=case_timeout, runs=runs))
         return made[-1]
 
     yield make
@@ -50,6 +50,13 @@ def test_the_reference_passes_at_tp_2_and_4(executor_of):
         result = executor.run(case)
         assert result.outcome is Outcome.PASS, result.message
         assert result.level.value == "layer" and result.to_json()["op"] == case.op
+
+
+def test_repeated_calls_of_a_layer_are_compared_bit_for_bit(executor_of):
+    result = executor_of("hpu-emulated", runs=2).run(case_of("qkv", True, 2))
+    assert result.outcome is Outcome.PASS and result.stability == "deterministic", result.message
+    assert result.determinism == {"calls": 2, "identical": True, "differing_elements": 0, "max_abs_difference": 0.0}
+    assert executor_of("hpu-emulated").run(case_of("qkv", True, 2)).stability is None  # one call: nothing measured
 
 
 def test_add_expand_ignoring_offset_start_fails_the_fully_sharded_row_layer_naming_rank_1(executor_of):
