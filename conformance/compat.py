@@ -1,18 +1,16 @@
 """Every use of a private pytest or Hypothesis API, in one place, each failing loudly when it moves.
 
-The suite needs two things neither project offers publicly:
+The suite needs one thing neither project offers publicly:
 
 * :func:`without_hypothesis_local_constants`: Hypothesis (from the release that added
   ``hypothesis.internal.constants_ast``) mixes integer literals found in the user's own imported
   modules into what it draws. Which modules those are differs between processes (a vendor's target,
   tests that ran before), so one seed would draw different profiles on different xdist workers and
   machines, and shards would not add up. Inside this block that pool is empty.
-* :func:`junit_xml_writer`: under xdist, ``record_testsuite_property`` does nothing in the workers,
-  so the controller adds the environment fingerprint to pytest's JUnit writer itself, found through
-  junitxml's stash key.
 
-When an internal has moved, these raise :class:`CompatError` naming the package version, what moved,
-and what to do, instead of silently drawing other cases or dropping the fingerprint. The tests
+When an internal has moved, it raises :class:`CompatError` naming the package version, what moved,
+and what to do, instead of silently drawing other cases. (junit.xml, which once needed pytest's JUnit
+writer, is now written from the results document: ``conformance.report.junit``.) The tests
 (tests/test_compat.py) check that each patch takes effect with the pinned versions.
 """
 
@@ -62,14 +60,3 @@ def without_hypothesis_local_constants() -> Iterator[None]:
     finally:
         providers._get_local_constants = original
         cache.cache.clear()
-
-
-def junit_xml_writer(config):
-    """pytest's JUnit XML writer of this run (``LogXML``), or None when no JUnit file is written."""
-    if not getattr(config.option, "xmlpath", None):
-        return None
-    try:
-        from _pytest.junitxml import xml_key
-    except ImportError:
-        raise _moved("pytest", "_pytest.junitxml.xml_key", "the environment fingerprint cannot reach junit.xml") from None
-    return config.stash.get(xml_key, None)

@@ -48,14 +48,13 @@ import torch
 
 import conformance
 from conformance import journal, sharding
-from conformance.compat import junit_xml_writer
 from conformance.devices import assign_device
 from conformance.generator import DEFAULT_PROFILE, PROFILES
 from conformance.isolation import ISOLATION_MODES
 from conformance.levels import KINDS, kind_of
 from conformance.record import CaseResult
 from conformance.report.allure_results import label_clusters, label_current_test, write_results_extras
-from conformance.report.junit_clusters import label_junit_clusters
+from conformance.report.junit import write_junit
 from conformance.report.progress import Progress
 from conformance.session import ConformanceRun, RunError, RunSettings
 from conformance.target_call import DEFAULT_RUNS
@@ -157,8 +156,9 @@ _RUN_KEY = pytest.StashKey[ConformanceRun]()
 _GATE_KEY = pytest.StashKey[dict]()  # the gate, computed at session finish, printed in the summary
 _WORKERS_KEY = pytest.StashKey[list]()  # the controller's record of each worker's device
 _MANIFEST_KEY = pytest.StashKey[dict]()  # the run's manifest, once the cases are collected
-_DOCUMENT_KEY = pytest.StashKey[dict]()  # the results document, for naming clusters in junit.xml once it is written
+_DOCUMENT_KEY = pytest.StashKey[dict]()  # the results document, for the summary's lines once it is written
 _SHARD_SOURCE_KEY = pytest.StashKey[tuple]()  # (where the shard came from, for the manifest; the line to print)
+_JUNIT_KEY = pytest.StashKey[Path]()  # where junit.xml is written from the results document
 _FACTS_INPUT = "lora_conformance_target_facts"  # the controller's TargetFacts, handed to each xdist worker
 
 
@@ -273,10 +273,13 @@ def _settle_shard(option) -> tuple[dict | None, str | None]:
 
 
 def _default_artifact_paths(config: pytest.Config, run: ConformanceRun) -> None:
-    """JUnit XML and Allure results go to the report dir unless the user named other places."""
+    """JUnit XML and Allure results go to the report dir unless the user named other places.
+
+    junit.xml is written from the results document at the end (``conformance.report.junit``), to
+    ``--junitxml`` if given: pytest's own writer is turned off (this hook runs before junitxml's)."""
     option = config.option
-    if getattr(option, "xmlpath", "absent") is None:
-        option.xmlpath = str(run.report_dir / "junit.xml")
+    config.stash[_JUNIT_KEY] = Path(getattr(option, "xmlpath", None) or run.report_dir / "junit.xml")
+    option.xmlpath = None
     if getattr(option, "allure_report_dir", "absent") is None:
         option.allure_report_dir = str(run.report_dir / "allure-results")
         # results of an earlier run would mix into this one (workers never clean); a resumed run adds to its own
@@ -406,7 +409,7 @@ def report_outcome(result: CaseResult) -> None:
     pytest.fail(f"{result.outcome.value}{kind}: {result.message}{repro}", pytrace=False)
 
 
-@pytest.hookimpl(tryfirst=True)  # before junitxml writes its file: the fingerprint goes into it
+@pytest.hookimpl(tryfirst=True)  # before the other plugins' session finish (allure-pytest's, the terminal's)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     run = _run_of(config)
@@ -424,21 +427,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         exitstatus = pytest.ExitCode.OK  # every case of the interrupted run already had its result
         session.exitstatus = exitstatus
     document = run.build_document(config.stash[_MANIFEST_KEY], workers=workers, pytest_exitstatus=exitstatus)
-    _record_fingerprint(config, document["environment"])
     run.write_document(document)
+    write_junit(document, config.stash[_JUNIT_KEY])
+    if getattr(config.option, "allure_report_dir", None):
+        write_results_extras(config.option.allure_report_dir, document["environment"])
     if getattr(config.option, "allure_report_dir", None):  # allure-pytest wrote each result as its case ended
         label_clusters(config.option.allure_report_dir, document)
     config.stash[_DOCUMENT_KEY] = document
     gate = config.stash[_GATE_KEY] = document["gate"]
     if not gate["passed"] and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """junitxml writes junit.xml in its own sessionfinish, after this plugin's: its failures get their clusters here."""
-    document = config.stash.get(_DOCUMENT_KEY, None)
-    if document is not None and getattr(config.option, "xmlpath", None):
-        label_junit_clusters(config.option.xmlpath, document)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -478,21 +476,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         write(f"to run the cases without a result: pytest conformance --resume {run.report_dir}")
     write(f"results: {run.report_dir / 'results.json'}")
     write(f"report: {run.report_dir / 'report.html'}")
-    if config.option.xmlpath:
-        write(f"junit: {config.option.xmlpath}")
+    write(f"junit: {config.stash[_JUNIT_KEY]}")
     if getattr(config.option, "allure_report_dir", None):
         write(f"allure results: {config.option.allure_report_dir} (HTML: python -m conformance.report allure {run.report_dir})")
-
-
-def _record_fingerprint(config: pytest.Config, environment: dict) -> None:
-    """The fingerprint as JUnit test-suite properties and Allure's environment.properties.
-
-    ``record_testsuite_property`` is a fixture that does nothing in xdist workers, so the controller
-    adds the properties to the JUnit writer itself (``conformance.compat.junit_xml_writer``).
-    """
-    xml = junit_xml_writer(config)
-    if xml is not None:
-        for name, value in environment.items():
-            xml.add_global_property(name, value)
-    if getattr(config.option, "allure_report_dir", None):
-        write_results_extras(config.option.allure_report_dir, environment)

@@ -1,5 +1,5 @@
-"""The private pytest and Hypothesis APIs of conformance/compat.py: each patch takes effect with the
-pinned versions, and a moved internal is a clear error, never a silent change of behaviour."""
+"""The private Hypothesis API of conformance/compat.py: its patch takes effect with the pinned version,
+and a moved internal is a clear error, never a silent change of behaviour."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis.internal.conjecture import providers
 
 from conformance import compat
-from conformance.compat import CompatError, junit_xml_writer, without_hypothesis_local_constants
+from conformance.compat import CompatError, without_hypothesis_local_constants
 
 
 def test_the_pool_of_local_constants_is_empty_inside_the_block_and_restored_after():
@@ -23,34 +23,6 @@ def test_a_moved_hypothesis_internal_is_a_clear_error(monkeypatch):
     with pytest.raises(CompatError, match=r"hypothesis .* no longer has .*_get_local_constants.*constraints/cpu.txt"):
         with without_hypothesis_local_constants():
             pass
-
-
-class _Config:
-    class option:
-        xmlpath = "junit.xml"
-
-    def __init__(self, stash):
-        self.stash = stash
-
-
-def test_the_junit_writer_is_found_through_pytests_stash_key():
-    from _pytest.junitxml import xml_key
-
-    writer = object()
-    assert junit_xml_writer(_Config({xml_key: writer})) is writer
-    _Config.option.xmlpath = None
-    try:
-        assert junit_xml_writer(_Config({})) is None  # no JUnit file asked for: nothing to find
-    finally:
-        _Config.option.xmlpath = "junit.xml"
-
-
-def test_a_moved_pytest_internal_is_a_clear_error(monkeypatch):
-    import _pytest.junitxml
-
-    monkeypatch.delattr(_pytest.junitxml, "xml_key")
-    with pytest.raises(CompatError, match=r"pytest .* no longer has _pytest.junitxml.xml_key"):
-        junit_xml_writer(_Config({}))
 
 
 def test_compat_is_the_only_module_that_touches_private_apis():

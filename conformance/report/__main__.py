@@ -36,6 +36,7 @@ from conformance.report.compare import CompareError, compare_documents, read_run
 from conformance.report.compare_html import write_compare_html
 from conformance.report.document import results_document
 from conformance.report.html import write_html_report
+from conformance.report.junit import write_junit
 from conformance.report.merge import MergeError, merge_documents, read_document
 
 
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(document, indent=1) + "\n")
     write_html_report(document, out / "report.html")
+    write_junit(document, out / "junit.xml")
     print(verdict_line(document))
     print(f"results: {out / 'results.json'}\nreport: {out / 'report.html'}")
     return 0 if document["gate"]["passed"] else 1
@@ -102,6 +104,7 @@ def _rebuild(report_dir: Path, out: str | None) -> int:
     document = results_document(manifest, journal.read_journals(report_dir))
     (report_dir / "results.json").write_text(json.dumps(document, indent=1) + "\n")
     report = write_html_report(document, out or report_dir / "report.html")
+    write_junit(document, report_dir / "junit.xml")  # the run's own was written at its end, if it had one
     print(verdict_line(document))
     if document["missing"]:
         print(f"to run the {len(document['missing'])} case(s) without a result: pytest conformance --resume {report_dir}")

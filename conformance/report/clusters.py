@@ -202,9 +202,13 @@ def cluster_label(cluster: dict, total: int) -> str:
 
 
 def message_lead(record: dict) -> str:
-    """How a failure's pytest message begins (``conformance.plugin.report_outcome``): ``fail [numerics]``."""
+    """How a failure's message begins (``conformance.plugin.report_outcome``, ``conformance.report.junit``):
+    ``fail [numerics]``, ``fail [numerics] (flaky)``."""
     kinds = ", ".join(record.get("kinds") or ())
-    return f"{record['outcome']} [{kinds}]" if kinds else record["outcome"]
+    lead = f"{record['outcome']} [{kinds}]" if kinds else record["outcome"]
+    if record.get("stability") in ("flaky", "nondeterministic"):
+        lead += f" ({record['stability']})"
+    return lead
 
 
 def label_message(text: str, record: dict, cluster: dict, total: int) -> str:
