@@ -35,7 +35,7 @@ _EXPORTS = {
     "profile_cases": "conformance.generator.profiles",
     "PROFILES": "conformance.generator.profiles",
     "run_case": "conformance.runner",
-    "CaseResult": "conformance.runner",
+    "CaseResult": "conformance.record",
     "Outcome": "conformance.verdict.outcome",
     "judge": "conformance.verdict.judge",
     "Target": "conformance.targets.base",
