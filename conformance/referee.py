@@ -33,7 +33,7 @@ from conformance.target_call import TargetCall, Tensors, execute, handed_tensors
 from conformance.targets.reference import ReferenceTarget
 from conformance.verdict import FailureKind, Measurement, Outcome, judge
 from conformance.verdict.failure_kind import ordered
-from conformance.verdict.metrics import bitwise_differences
+from conformance.verdict.metrics import bitwise_differences, spread
 
 CPU = torch.device("cpu")
 
@@ -186,25 +186,15 @@ def _checked_run(spec: OpSpec, case: Case, values: Tensors, after: Tensors, chan
 
 
 def determinism(spec: OpSpec, attempts: list[TargetCall]) -> dict | None:
-    """How far the calls of every attempt differ from the first call, bit for bit; None with fewer than two."""
+    """How far the calls of every attempt differ from the first call, bit for bit, over every output
+    (``conformance.verdict.metrics.spread``); None with fewer than two calls."""
     runs = [run for attempt in attempts for run in attempt.runs]
     if len(runs) < 2:
         return None
-    first, differing, largest = runs[0], 0, 0.0
-    for run in runs[1:]:
-        for name in spec.outputs:
-            a, b = run.get(name), first.get(name)
-            if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
-                differing += 1 if a is not b else 0
-                largest = float("inf")
-                continue
-            mask = bitwise_differences(a, b)
-            if mask.any():
-                differing += int(mask.sum())
-                gap = (a[mask].double() - b[mask].double()).abs()
-                largest = max(largest, float(gap.nan_to_num(nan=float("inf")).max()))
-    return {"calls": len(runs), "attempts": len(attempts), "identical": differing == 0,
-            "differing_elements": differing, "max_abs_difference": largest if largest != float("inf") else "inf"}
+    empty = torch.zeros(0)
+    # the outputs of each call side by side, flattened, so that one spread covers them all
+    flat = [torch.cat([run.get(name, empty).reshape(-1).double() for name in spec.outputs]) for run in runs]
+    return {**spread(flat), "attempts": len(attempts)}
 
 
 def _attempt_signature(judgements: list[RunJudgement], attempt: TargetCall) -> tuple:

@@ -20,7 +20,7 @@ from conformance.record import CaseResult
 from conformance.targets.facts import TargetFacts
 from conformance.verdict import FailureKind, Outcome
 from conformance.verdict.failure_kind import ordered
-from conformance.verdict.metrics import bitwise_differences
+from conformance.verdict.metrics import spread
 
 from .case import TPCase
 from .composition import REQUIRED_WRAPPER_METHODS
@@ -57,22 +57,6 @@ def unsupported_reason(facts: TargetFacts, case: TPCase) -> str | None:
         return (f"{facts.name} runs on {facts.device_type}, for which no torch.distributed backend is known: its target "
                 f"class states one in device_traits() (conformance.devices.DeviceTraits) to run tensor-parallel cases")
     return None
-
-
-def layer_determinism(outputs: list) -> dict | None:
-    """How far the gathered outputs of repeated calls differ from the first, bit for bit; None for one call."""
-    if len(outputs) < 2:
-        return None
-    differing, largest = 0, 0.0
-    for output in outputs[1:]:
-        if output.shape != outputs[0].shape or output.dtype != outputs[0].dtype:
-            return {"calls": len(outputs), "identical": False, "differing_elements": outputs[0].numel(), "max_abs_difference": "inf"}
-        mask = bitwise_differences(output, outputs[0])
-        if mask.any():
-            differing += int(mask.sum())
-            largest = max(largest, float((output[mask].double() - outputs[0][mask].double()).abs().nan_to_num(nan=float("inf")).max()))
-    return {"calls": len(outputs), "identical": differing == 0, "differing_elements": differing,
-            "max_abs_difference": largest if largest != float("inf") else "inf"}
 
 
 def rank_devices(devices: str | list[str] | None, device_type: str, tp_size: int, device_env: str | None) -> tuple[list[str] | None, str | None]:
@@ -153,7 +137,7 @@ class TPExecutor:
         seconds = time.perf_counter() - started
         results = [self._judged(case, answers, features, seconds) for answers in calls]
         result = next((r for r in results if r.outcome is not Outcome.PASS), results[0])
-        result.determinism = layer_determinism([answers[0][0] for answers in calls])
+        result.determinism = spread([answers[0][0] for answers in calls])
         if len({(r.outcome, r.kinds) for r in results}) > 1:
             result.stability = "flaky"
             result.message += f" (flaky: {sum(r.outcome is Outcome.PASS for r in results)} of {len(results)} calls passed)"

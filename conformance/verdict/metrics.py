@@ -42,3 +42,23 @@ def sqnr_db(actual: torch.Tensor, oracle: torch.Tensor) -> float:
 
 def max_abs_error(actual: torch.Tensor, oracle: torch.Tensor) -> float:
     return float((actual - oracle).abs().max()) if actual.numel() else 0.0
+
+
+def spread(outputs: list[torch.Tensor]) -> dict | None:
+    """How far repeated outputs of one call differ from the first, bit for bit: ``calls``, ``identical``,
+    ``differing_elements`` and ``max_abs_difference`` (``"inf"`` where a NaN, an infinity, another shape or
+    dtype makes it unbounded, so the record stays JSON); None for fewer than two outputs."""
+    if len(outputs) < 2:
+        return None
+    first, differing, largest = outputs[0], 0, 0.0
+    for output in outputs[1:]:
+        if output.shape != first.shape or output.dtype != first.dtype:
+            differing, largest = differing + max(first.numel(), 1), math.inf
+            continue
+        mask = bitwise_differences(output, first)
+        if mask.any():
+            differing += int(mask.sum())
+            gap = (output[mask].double() - first[mask].double()).abs().nan_to_num(nan=math.inf)
+            largest = max(largest, float(gap.max()))
+    return {"calls": len(outputs), "identical": differing == 0, "differing_elements": differing,
+            "max_abs_difference": largest if math.isfinite(largest) else "inf"}
