@@ -12,13 +12,4 @@ from importlib.metadata import entry_points
 PLUGIN = "conformance.plugin"
 
 if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") or not any(ep.value == PLUGIN for ep in entry_points(group="pytest11")):
-    from conformance.plugin import (  # noqa: F401 - pytest finds hooks and fixtures by name
-        conformance_run,
-        pytest_addoption,
-        pytest_collection_finish,
-        pytest_collection_modifyitems,
-        pytest_configure,
-        pytest_generate_tests,
-        pytest_sessionfinish,
-        pytest_terminal_summary,
-    )
+    from conformance.plugin import *  # noqa: F403 - pytest finds hooks and fixtures by name (the plugin's __all__)

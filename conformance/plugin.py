@@ -62,6 +62,13 @@ from conformance.targets import TargetError, TargetUnavailable
 from conformance.targets.facts import TargetFacts, probe
 from conformance.verdict import FailureKind, Outcome
 
+# The hooks and fixtures pytest finds by name: conformance/conftest.py imports exactly these where the
+# entry point does not load the plugin (a test checks that every hook is listed).
+__all__ = [
+    "conformance_run", "pytest_addoption", "pytest_collection_finish", "pytest_collection_modifyitems", "pytest_configure",
+    "pytest_generate_tests", "pytest_report_header", "pytest_sessionfinish", "pytest_terminal_summary",
+]  # fmt: skip
+
 
 class TargetBroken(Exception):
     """The target raised while running a case (the *broken* outcome, distinct from a numeric failure)."""

@@ -222,3 +222,14 @@ if __name__ == "__main__":
     print(f"import cycles over top-level imports under {PACKAGE}/:\n{describe_cycles(strongly_connected(import_graph(True)))}")
     print(f"import cycles over all imports, function-local ones too:\n{describe_cycles(strongly_connected(import_graph()))}")
     sys.exit(0)
+
+
+def test_the_conftest_registers_every_hook_and_fixture_of_the_plugin():
+    """Where the entry point does not load the plugin (an uninstalled checkout, PYTEST_DISABLE_PLUGIN_AUTOLOAD),
+    conformance/conftest.py imports the plugin's ``__all__``: every module-level hook and fixture must be in it."""
+    import conformance.plugin as plugin
+
+    hooks = {name for name in vars(plugin) if name.startswith("pytest_") and callable(getattr(plugin, name))}
+    fixtures = {name for name, value in vars(plugin).items() if hasattr(value, "_fixture_function_marker") or
+                type(value).__name__ == "FixtureFunctionDefinition"}
+    assert hooks | fixtures == set(plugin.__all__), sorted((hooks | fixtures) ^ set(plugin.__all__))

@@ -15,6 +15,7 @@ from conformance.report.fingerprint import device_description
 from conformance.target_call import TargetCall, Tensors, call_target
 from conformance.targets import load
 from conformance.targets.facts import TargetFacts, facts_of
+from conformance.text import describe_exception, safe_text
 
 
 class LocalExecutor:
@@ -29,7 +30,14 @@ class LocalExecutor:
         return facts_of(type(self.target))
 
     def device_description(self) -> dict:
-        """Which device this process runs its cases on (name and driver)."""
+        """Which device this process runs its cases on (name and driver): the target's own words where it
+        has them (``describe_device()``, for a device type the suite has no reader for), else the suite's."""
+        describe = getattr(self.target, "describe_device", None)
+        if callable(describe):
+            try:
+                return {key: safe_text(value) for key, value in dict(describe()).items()}
+            except Exception as exc:  # noqa: BLE001 - a fingerprint must never fail the run it describes
+                return {"device": f"{self.target.device.type}: describe_device() raised {describe_exception(exc)}", "driver": "unknown"}
         return device_description(self.target.device.type)
 
     def call_target(self, case: Case, values: Tensors, runs: int) -> TargetCall:
