@@ -174,6 +174,7 @@ class TestMergeChecks:
 
 
 class TestARunWithoutPytest:
+    @pytest.mark.integration  # a whole run in a subprocess
     def test_a_script_drives_a_whole_run_and_gets_the_same_document(self, tmp_path):
         import subprocess
         import sys

@@ -13,6 +13,8 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+import pytest
+
 from conformance.gate import gate_verdict, summarize
 from conformance.journal import case_list_summary
 from conformance.report import MergeError, merge_documents, write_html_report
@@ -136,6 +138,7 @@ def test_html_report_of_a_passing_run_says_pass_and_lists_the_environment(tmp_pa
     assert page.text.get(".repro") is None
 
 
+@pytest.mark.integration  # a whole run in a subprocess
 def test_shards_merge_into_the_unsharded_run(tmp_path):
     whole = tmp_path / "whole"
     assert conformance("--target=reference", "--profile=smoke", report_dir=whole).returncode == 0
@@ -237,6 +240,7 @@ def test_html_subcommand_renders_a_results_file(tmp_path):
     assert re.search(r'id="verdict"', (tmp_path / "out.html").read_text())
 
 
+@pytest.mark.integration  # a whole run in a subprocess
 def test_a_malformed_shard_is_a_usage_error_naming_the_option(tmp_path):
     for value in ("3/2", "a/b"):
         completed = conformance("--target=reference", "--profile=smoke", f"--shard={value}", report_dir=tmp_path)

@@ -109,6 +109,7 @@ def test_the_example_implements_kernels_only_and_not_from_the_reference(example_
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # the example backend's whole smoke run
 def test_the_example_passes_the_smoke_gate_with_only_the_moe_ops_unsupported(example_class, tmp_path):
     completed = run_command(
         "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "--target=plain-example", "--profile=smoke",
