@@ -117,16 +117,23 @@ def _as_text(value: object) -> str:
         return str.__str__(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).decode("utf-8", "backslashreplace")
+    text, failures = _str_or_repr(value)
+    return text if text is not None else f"<{_type_name(value)} object: {', '.join(failures)}>"
+
+
+def _str_or_repr(value: object) -> tuple[str | None, list[str]]:
+    """``str(value)``, else ``repr(value)`` (None when both raise), and what raised on the way
+    (``"str() raised ValueError"``)."""
     failures = []
     for convert in (str, repr):
         try:
             text = convert(value)
-            return text if type(text) is str else str.__str__(text)
+            return (text if type(text) is str else str.__str__(text)), failures
         except KeyboardInterrupt:
             raise
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - a value can do anything when it is turned into text
             failures.append(f"{convert.__name__}() raised {_type_name(exc)}")
-    return f"<{_type_name(value)} object: {', '.join(failures)}>"
+    return None, failures
 
 
 def _escape_char(match_or_char) -> str:
@@ -192,20 +199,10 @@ def _type_name(value: object) -> str:
 
 def _message_of(exc: BaseException) -> str:
     """What ``str(exc)`` says; its ``repr()`` when that raises; else a note naming what raised."""
-    try:
-        message = str(exc)
-        return message if type(message) is str else str.__str__(message)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as str_error:  # noqa: BLE001
-        failure = f"str() raised {_type_name(str_error)}"
-    try:
-        message = repr(exc)
-        return f"{message if type(message) is str else str.__str__(message)} ({failure})"
-    except KeyboardInterrupt:
-        raise
-    except BaseException as repr_error:  # noqa: BLE001
-        return f"<{failure}; repr() raised {_type_name(repr_error)}>"
+    text, failures = _str_or_repr(exc)
+    if text is None:
+        return f"<{'; '.join(failures)}>"
+    return f"{text} ({failures[0]})" if failures else text
 
 
 def _innermost_frame(exc: BaseException) -> str:
