@@ -16,6 +16,8 @@ referee shares the target's process, which a verdict for a release must not (the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from conformance.cases.case import Case
 from conformance.cases.values import generator_for
 from conformance.ops import OP_SPECS
@@ -26,7 +28,7 @@ from conformance.verdict import FailureKind, Outcome
 
 __all__ = [
     "DEFAULT_RUNS", "CaseResult", "TargetCall", "Tensors", "as_float64", "check_values", "describe_rows", "execute", "make_values",
-    "needs_second_attempt", "oracle_delta", "oracle_magnitude", "run_case", "slices_hit",
+    "attempted", "needs_second_attempt", "oracle_delta", "oracle_magnitude", "run_case", "slices_hit",
 ]  # fmt: skip
 
 
@@ -38,21 +40,35 @@ def make_values(case: Case) -> Tensors:
 def needs_second_attempt(result: CaseResult) -> bool:
     """A failure the target reported (not a crash or a hang, which cost a process) is attempted again:
     the second attempt tells a consistent failure from a flaky one."""
-    return result.outcome in (Outcome.FAIL, Outcome.BROKEN) and result.stability != "flaky" and bool(result.kinds) and \
-        not any(kind in (FailureKind.CRASHED, FailureKind.TIMED_OUT) for kind in result.kinds)
+    return result.outcome in (Outcome.FAIL, Outcome.BROKEN) and not any(
+        kind in (FailureKind.CRASHED, FailureKind.TIMED_OUT) for kind in result.kinds)
+
+
+def attempted(call: Callable[[], TargetCall], case: Case, case_id: str, values: Tensors, *, require_deterministic: bool = False,
+              second_attempt: bool = True, breakdowns: tuple[type[Exception], ...] = ()) -> CaseResult:
+    """The verdict on ``case`` from ``call`` (one attempt of the target's half, wherever it runs), attempted a
+    second time when the first failed (``needs_second_attempt``). One of ``breakdowns`` (the target's
+    process died or hung) from the second attempt leaves the first attempt's verdict, labelled flaky; from
+    the first it propagates, for the caller to record the case broken."""
+    attempts = [call()]
+    result = judge_op(case, case_id, values, attempts, require_deterministic=require_deterministic)
+    if not (second_attempt and needs_second_attempt(result)):
+        return result
+    try:
+        attempts.append(call())
+    except breakdowns as exc:
+        result.stability = "flaky"
+        result.message += f" (flaky: attempt 2 {exc.kind.value}: {getattr(exc, 'message', None) or exc})"
+        return result
+    return judge_op(case, case_id, values, attempts, require_deterministic=require_deterministic)
 
 
 def run_case(target, case: Case, case_id: str | None = None, values: Tensors | None = None, *, runs: int = DEFAULT_RUNS,
              require_deterministic: bool = False, second_attempt: bool = True) -> CaseResult:
     """``case`` on ``target``, both halves in this process (see the module docstring)."""
-    case_id = case_id or case.case_id
     values = make_values(case) if values is None else values
-    attempts = [call_target(target, case, values, runs)]
-    result = judge_op(case, case_id, values, attempts, require_deterministic=require_deterministic)
-    if second_attempt and needs_second_attempt(result):
-        attempts.append(call_target(target, case, values, runs))
-        result = judge_op(case, case_id, values, attempts, require_deterministic=require_deterministic)
-    return result
+    return attempted(lambda: call_target(target, case, values, runs), case, case_id or case.case_id, values,
+                     require_deterministic=require_deterministic, second_attempt=second_attempt)
 
 
 def check_values(case: Case, values: Tensors) -> None:

@@ -72,10 +72,11 @@ def call_tensors(spec: OpSpec, call: OpCall) -> dict[str, torch.Tensor]:
     return found
 
 
-def prepare(spec: OpSpec, case: Case, values: Tensors, device: torch.device) -> tuple[Tensors, OpCall]:
-    """Fresh copies of ``values`` on ``device``, the call made of them, and every tensor the call hands
-    over: the values by their own names, the metadata the call built by parameter name."""
-    tensors = {name: value.to(device).clone() for name, value in values.items()}
+def prepare(spec: OpSpec, case: Case, values: Tensors, device: torch.device, *, copy: bool = True) -> tuple[Tensors, OpCall]:
+    """Fresh copies of ``values`` on ``device`` (``values`` themselves with ``copy=False``, for a call that
+    is never made), the call made of them, and every tensor the call hands over: the values by their own
+    names, the metadata the call built by parameter name."""
+    tensors = {name: value.to(device).clone() for name, value in values.items()} if copy else dict(values)
     call = spec.make_call(case, tensors, device)
     handed = dict(tensors)
     storages = {tensor.untyped_storage().data_ptr() for tensor in tensors.values()}
@@ -86,8 +87,9 @@ def prepare(spec: OpSpec, case: Case, values: Tensors, device: torch.device) -> 
 
 
 def handed_tensors(spec: OpSpec, case: Case, values: Tensors) -> Tensors:
-    """What a correct target hands back, on the CPU: the values as drawn and the metadata as built."""
-    return prepare(spec, case, values, torch.device("cpu"))[0]
+    """What a correct target hands back, on the CPU: the values as drawn and the metadata as built (nothing
+    is called on them, so the values themselves serve)."""
+    return prepare(spec, case, values, torch.device("cpu"), copy=False)[0]
 
 
 def execute(spec: OpSpec, case: Case, values: Tensors, impl, device: torch.device, *, update_metadata: bool = True) -> Tensors:

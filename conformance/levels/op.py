@@ -19,8 +19,7 @@ from conformance.generator import PROFILES, profile_cases
 from conformance.isolation import Breakdown, TargetLoadError
 from conformance.ops import OP_SPECS, Level
 from conformance.record import CaseResult
-from conformance.referee import judge_op
-from conformance.runner import make_values, needs_second_attempt
+from conformance.runner import attempted, make_values
 from conformance.verdict import FailureKind, Outcome
 
 from .base import CaseKind
@@ -60,20 +59,12 @@ class OpKind(CaseKind):
         values = make_values(case) if values is None else values
         runs = run.repeat if runs is None else runs
         started = time.perf_counter()
-        attempts = []
         try:
-            attempts.append(run.executor.call_target(case, values, runs))
-            result = judge_op(case, case_id, values, attempts, require_deterministic=run.require_deterministic)
-            if second_attempt and needs_second_attempt(result):
-                attempts.append(run.executor.call_target(case, values, runs))
-                result = judge_op(case, case_id, values, attempts, require_deterministic=run.require_deterministic)
-        except (Breakdown, TargetLoadError) as exc:
-            if not attempts:
-                return self.broken(case_id, case, exc.kind, breakdown_message(exc), time.perf_counter() - started)
-            result = judge_op(case, case_id, values, attempts[:1], require_deterministic=run.require_deterministic)
-            result.stability = "flaky"
-            result.message += f" (flaky: attempt 2 {exc.kind.value}: {breakdown_message(exc)})"
-        return result
+            return attempted(lambda: run.executor.call_target(case, values, runs), case, case_id, values,
+                             require_deterministic=run.require_deterministic, second_attempt=second_attempt,
+                             breakdowns=(Breakdown, TargetLoadError))
+        except (Breakdown, TargetLoadError) as exc:  # the first attempt: the case did not return
+            return self.broken(case_id, case, exc.kind, breakdown_message(exc), time.perf_counter() - started)
 
     def after_failure(self, run: ConformanceRun, result: CaseResult, values=None) -> dict | None:
         """A replay file of the case (the repro replays it) and, with ``--shrink``, the shrunk case's."""
