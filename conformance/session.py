@@ -17,7 +17,6 @@ manifest and the journals, as ``python -m conformance.report html DIR`` and ``me
 from __future__ import annotations
 
 import datetime as dt
-import importlib.metadata
 import json
 import os
 import sys
@@ -33,6 +32,7 @@ from conformance.devices import parse_devices
 from conformance.errors import RunError
 from conformance.expectations import apply_expectations, load_expectations, shipped_expectations, split_applicable
 from conformance.generator import DEFAULT_PROFILE, PROFILES
+from conformance.generator.cache import hypothesis_version
 from conformance.isolation import IsolatedExecutor, LocalExecutor
 from conformance.levels import KINDS, CaseKind, kind_of
 from conformance.record import CaseResult
@@ -435,13 +435,3 @@ def _check_resumed_selection(report_dir, recorded: dict | None, given: dict) -> 
                 f"--resume {report_dir}: the interrupted run was selected with {was}, not {option} {given[name]!r}; "
                 f"leave {option} out: --resume runs the cases of the run's own selection that have no result yet"
             )
-
-
-def hypothesis_version() -> str | None:
-    """The installed Hypothesis, which draws the op cases (None where it cannot be read)."""
-    try:
-        return importlib.metadata.version("hypothesis")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-

@@ -37,12 +37,18 @@ def _source_digest() -> str:
 _SOURCE_DIGEST = _source_digest()
 
 
-def _hypothesis_version() -> str:
-    """Hypothesis' version without importing it: a run whose profile is cached never needs Hypothesis,
-    and importing it costs seconds per process (more where pytest's assertion rewriting of plugin
-    packages cannot reuse its bytecode, e.g. with PYTHONDONTWRITEBYTECODE set)."""
+def hypothesis_version() -> str | None:
+    """The Hypothesis that draws the op cases (None where it is not installed), read without importing it:
+    a run whose profile is cached never needs Hypothesis, and importing it costs seconds per process (more
+    where pytest's assertion rewriting of plugin packages cannot reuse its bytecode, e.g. with
+    PYTHONDONTWRITEBYTECODE set). The cache keys on it, the manifest records it, a merge compares it."""
     module = sys.modules.get("hypothesis")
-    return module.__version__ if module is not None else metadata.version("hypothesis")
+    if module is not None:
+        return module.__version__
+    try:
+        return metadata.version("hypothesis")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _cache_dir() -> Path | None:
@@ -57,7 +63,7 @@ def cached_cases(key: dict, draw: Callable[[], list[tuple[str, Case]]]) -> list[
     directory = _cache_dir()
     if directory is None:
         return draw()
-    full_key = {**key, "hypothesis": _hypothesis_version(), "python": sys.version_info[:2], "source": _SOURCE_DIGEST}
+    full_key = {**key, "hypothesis": hypothesis_version(), "python": sys.version_info[:2], "source": _SOURCE_DIGEST}
     name = hashlib.sha256(json.dumps(full_key, sort_keys=True).encode()).hexdigest()[:32]
     path = directory / f"profile-{name}.json"
     if path.is_file():

@@ -21,12 +21,12 @@ for a reason its results do not show (pytest interrupted).
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 from pathlib import Path
 
 import conformance
 from conformance.gate import gate_verdict, listed
+from conformance.generator.cache import hypothesis_version
 from conformance.journal import case_list_summary
 from conformance.report.document import results_document
 
@@ -160,7 +160,7 @@ def _check_cases_drawn(documents: list[dict], sources: list[str]) -> None:
     (an older suite) is checked all the same. A replay run holds one case frozen with its tensors: nothing
     is drawn, and it is merged as before.
     """
-    installed = _installed_hypothesis()
+    installed = hypothesis_version()
     drawn: dict[tuple, dict] = {}
     for source, document in zip(sources, documents):
         if document.get("profile") == "replay":
@@ -195,14 +195,6 @@ def _check_cases_drawn(documents: list[dict], sources: list[str]) -> None:
 
 
 _ABSENT = object()
-
-
-def _installed_hypothesis() -> str | None:
-    """The Hypothesis this merge would draw with (None where it cannot be read)."""
-    try:
-        return importlib.metadata.version("hypothesis")
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _drawn_cases(profile: str, seed: int, source: str, document: dict) -> dict[str, dict]:
