@@ -76,8 +76,12 @@ class TargetBroken(Exception):
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("lora-conformance", "LoRA conformance suite")
-    group.addoption("--target", help="target to judge: a registered name or package.module:Class")
-    group.addoption("--profile", choices=sorted(PROFILES), help=f"case set (default: {DEFAULT_PROFILE})")
+    group.addoption(
+        "--target",
+        help="target to judge: a built-in name, a name a vendor's package registers (entry point group "
+        "lora_conformance.targets), or package.module:Class; `lora-conformance targets` lists those that can run here",
+    )
+    group.addoption("--profile", choices=sorted(PROFILES), help=f"how many cases, the case set (default: {DEFAULT_PROFILE})")
     group.addoption("--seed", type=int, help="run seed: another seed draws other cases (default: 0)")
     group.addoption("--replay", metavar="PATH", help="rerun the single case frozen in this replay file")
     group.addoption("--report-dir", metavar="DIR", help="where results and replays go (default: reports/<target>)")
@@ -105,7 +109,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run only shard I of N (0-based, 0 <= I < N): the cases whose index in the profile's list "
         "is I modulo N; the same on every machine, merge with `python -m conformance.report merge`. auto: I "
         "and N from the job's CI variables (GitLab CI parallel, Buildkite and CircleCI parallelism, Kubernetes "
-        f"Indexed Jobs with {sharding.K8S_COMPLETIONS} set to the Job's completions)",
+        f"Indexed Jobs with {sharding.K8S_COMPLETIONS} set to the Job's completions; docs/scale-out.md)",
     )
     group.addoption(
         "--devices",
@@ -134,7 +138,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
         help=f"call the target N times per case, each on fresh copies of its inputs (a wrapper after one "
         f"update_metadata, as vLLM calls it once per layer), and compare the calls bit for bit; a failing case is "
-        f"attempted once more to tell a consistent failure from a flaky one (default {DEFAULT_RUNS})",
+        f"attempted once more to tell a consistent failure from a flaky one (default {DEFAULT_RUNS}; docs/referee.md)",
     )
     group.addoption(
         "--require-deterministic",

@@ -29,7 +29,7 @@ CI_VARIABLES = {
     "GitLab CI": lambda index, count: {"CI_NODE_INDEX": str(index + 1), "CI_NODE_TOTAL": str(count)},  # 1-based
     "Buildkite": lambda index, count: {"BUILDKITE_PARALLEL_JOB": str(index), "BUILDKITE_PARALLEL_JOB_COUNT": str(count)},
     "CircleCI": lambda index, count: {"CIRCLE_NODE_INDEX": str(index), "CIRCLE_NODE_TOTAL": str(count)},
-    # Kubernetes sets the index; the Job's manifest sets the count from its spec.completions (README)
+    # Kubernetes sets the index; the Job's manifest sets the count from its spec.completions (examples/ci/kubernetes-indexed-job.yaml)
     "Kubernetes Indexed Job": lambda index, count: {"JOB_COMPLETION_INDEX": str(index), "LORA_CONFORMANCE_JOB_COMPLETIONS": str(count)},
 }
 EVERY_VARIABLE = sorted({name for variables in CI_VARIABLES.values() for name in variables(0, 1)})
@@ -210,7 +210,7 @@ def test_auto_shards_are_the_explicit_ones_and_merge_into_the_unsharded_run(syst
 
 
 def test_auto_shards_of_the_whole_profile_merge_into_a_passing_verdict(unsharded, tmp_path):
-    """The Kubernetes Indexed Job of the README, through the console script: the merge exits 0."""
+    """The Kubernetes Indexed Job of examples/ci/kubernetes-indexed-job.yaml, through the console script: the merge exits 0."""
     script = (str(Path(sys.executable).parent / "lora-conformance"), "run")
     shard_files = []
     for index in range(SHARDS):

@@ -2,7 +2,8 @@
 
 These names are the vocabulary shared by the generator (families aim at them), the expectations files
 (which cases a known failure covers) and the report (which corners failed). The generator leaves
-every knob an op does not use at its default, so a feature only shows up where it matters.
+every knob an op does not use at its default, so a feature only shows up where it matters; the knobs
+(``conformance.cases.knobs``) name the features each can show.
 """
 
 from __future__ import annotations
@@ -134,11 +135,20 @@ def _routing_features(case: Case) -> dict[str, bool]:
         "moe_nonlocal": any(case.local_expert(e) == -1 for e in chosen),
         "moe_disabled": bool(used_slots & set(case.disabled_slots)),
         "moe_shared": case.shared_experts,
-        "moe_fused_slice": case.num_slices == 1 and case.op in ("add_lora_w13", "fused_moe_lora") and not case.routed_weight,
+        "moe_fused_slice": case.num_slices == 1 and _reads(case, "gate_up") and not case.routed_weight,
         "moe_routed_weight": case.routed_weight,
         "moe_naive": case.naive_blocks,
         "moe_full_block": _fills_whole_blocks(case),
     }
+
+
+def _reads(case: Case, knob: str) -> bool:
+    """Whether the case's op reads ``knob``: for a feature the knob's default itself would show (one slice is
+    also a fused gate/up slice). Imported here: conformance.ops imports this package."""
+    from conformance.ops import OP_SPECS
+
+    spec = OP_SPECS.get(case.op)
+    return spec is not None and knob in spec.knobs
 
 
 def _fills_whole_blocks(case: Case) -> bool:

@@ -24,26 +24,26 @@ E2E_DTYPES = ("float32", "bfloat16", "float16")
 MAX_NEW_TOKENS = 16
 TOP_K = 5
 
-# The fixture models (conformance/fixtures/<model>) and the directory of each one's adapters.
+# The fixture models (fixtures/<model>, shipped as conformance/fixtures/<model>) and the directory of each one's adapters.
 DENSE_MODEL = "tiny-llama"
 MOE_MODEL = "tiny-mixtral"  # 6 experts, top-2
 PARALLEL_MODEL = "tiny-cohere"  # a parallel block: q/k/v/gate/up as one call of 5 slices
 MODEL_ADAPTERS = {DENSE_MODEL: "adapters", MOE_MODEL: "moe-adapters", PARALLEL_MODEL: "cohere-adapters"}
 
-# The fixture adapters (conformance/fixtures/adapters/<name>), by what makes each one different.
+# The fixture adapters (fixtures/adapters/<name>), by what makes each one different.
 ATTN = "attn-qv-r8"  # q and v only, rank 8
 ALL = "all-linear-r16-rslora"  # every linear module, rank 16, rsLoRA scaling
 MLP = "mlp-r6"  # gate/up/down, rank 6 (below the stack's max rank: zero padded)
 EMBED = "embed-head-r8"  # embedding, lm_head and o_proj
 ADAPTERS = (ATTN, ALL, MLP, EMBED)
 
-# The MoE model's adapters (conformance/fixtures/moe-adapters/<name>): PEFT target_parameters on the experts.
+# The MoE model's adapters (fixtures/moe-adapters/<name>): PEFT target_parameters on the experts.
 EXPERTS = "moe-experts-r4"  # the experts only (gate_up_proj and down_proj), rank 4
 EXPERTS_ATTN = "moe-experts-attn-r8-rslora"  # the experts and q/k/v/o, rank 8, rsLoRA scaling
 MOE_ATTN = "moe-attn-qv-r6"  # q and v only: its slot has MoE LoRA disabled (adapter_enabled 0)
 MOE_ADAPTERS = (EXPERTS, EXPERTS_ATTN, MOE_ATTN)
 
-# The parallel-block model's adapters (conformance/fixtures/cohere-adapters/<name>), by the slices of the
+# The parallel-block model's adapters (fixtures/cohere-adapters/<name>), by the slices of the
 # packed q/k/v/gate/up call that carry LoRA (the others are zero in that adapter's slot).
 FIVE = "cohere-qkv-gate-up-r8"  # all five slices, rank 8
 K_UP = "cohere-k-up-r4"  # slices 1 and 4 (k, up), rank 4

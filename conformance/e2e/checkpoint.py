@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-REGENERATE = "regenerate them with `python conformance/fixtures/make_fixtures.py`"
+REGENERATE = "regenerate them with `python fixtures/make_fixtures.py`"
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,23 @@ from .checkpoint import Checkpoint
 FIXTURES_ENV = "LORA_CONFORMANCE_FIXTURES"
 
 
+GENERATOR = "make_fixtures.py"  # in every fixtures directory: what tells one from a stray directory of that name
+
+
 def fixtures_dir() -> Path:
-    """``$LORA_CONFORMANCE_FIXTURES`` or the fixtures shipped in the package (``conformance/fixtures/``)."""
-    return Path(os.environ.get(FIXTURES_ENV) or Path(__file__).resolve().parents[1] / "fixtures")
+    """Where the end-to-end fixtures are read from, for every reader (the referee, the target's side, the tests).
+
+    ``$LORA_CONFORMANCE_FIXTURES`` if set; else the fixtures shipped in an installed wheel
+    (``conformance/fixtures/`` in the package, mapped there from the repository's ``fixtures/`` by
+    pyproject.toml's ``package-dir``); else the checkout's top-level ``fixtures/`` (a source tree or an
+    editable install, whose ``conformance`` package is the checkout's). If neither holds the generator, the
+    wheel's place, for :meth:`FixtureFiles.load` to name.
+    """
+    if env := os.environ.get(FIXTURES_ENV):
+        return Path(env)
+    package = Path(__file__).resolve().parents[1]
+    candidates = (package / "fixtures", package.parent / "fixtures")  # installed wheel; checkout
+    return next((c for c in candidates if (c / GENERATOR).is_file()), candidates[0])
 
 
 @dataclass(frozen=True)
@@ -37,7 +51,7 @@ class FixtureFiles:
         model_dir = fixtures / model
         if not model_dir.is_dir():
             raise FileNotFoundError(
-                f"end-to-end fixtures not found at {model_dir}: run `python conformance/fixtures/make_fixtures.py` in the "
+                f"end-to-end fixtures not found at {model_dir}: run `python fixtures/make_fixtures.py` in the "
                 f"repository, or point ${FIXTURES_ENV} at a fixtures directory"
             )
         checkpoint = Checkpoint.load(model_dir)

@@ -1,40 +1,84 @@
 """A disk cache of drawn profiles: drawing thousands of cases with Hypothesis takes seconds per process.
 
-The key covers everything the drawing depends on: profile, seed, op and dtype filters, the versions of
-Hypothesis and Python, and the source of the modules that define strategies, cases and ops. A changed
-strategy therefore never reuses a stale list. Set ``LORA_CONFORMANCE_CACHE=off`` to disable it, or to
-a directory to move it (default: ``~/.cache/lora-conformance``).
+The key covers what the drawing reads, and nothing else: the profile, seed, op and dtype filters and
+family names (``profiles.profile_key``); per op drawn, the fields of its spec that are not callables
+(name, level, knobs, max_slices, rows, routed_weight …, read generically so a new field counts at
+once; :func:`drawn_spec_fields`); the versions of Hypothesis and Python; and the source of the modules
+the drawing runs (:data:`DRAWING_SOURCES`: the strategy, the families, the limits, the profiles, the
+example drawing, the case and its knobs). A changed strategy or spec field therefore never reuses a
+stale list, while editing how an op's values are filled, how it is called, its written region or its
+reference (the spec's callables, which the drawing never calls) keeps the cached profiles. Set
+``LORA_CONFORMANCE_CACHE=off`` to disable it, or to a directory to move it (default:
+``~/.cache/lora-conformance``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import hashlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from conformance.cases.case import Case
 
 _PACKAGE = Path(__file__).resolve().parents[1]
-_SOURCES = ("generator", "ops", "cases/case.py")
+# The modules a drawing runs, relative to the package: the profile loop (profiles), the strategy and
+# the families it asks at every step, their limits, the example drawing and its Hypothesis shim
+# (compat), and the case the strategy builds with its knobs' defaults (knobs.py where it exists).
+DRAWING_SOURCES = (
+    "generator/profiles.py", "generator/strategies.py", "generator/families.py", "generator/limits.py",
+    "generator/drawing.py", "compat.py", "cases/case.py", "cases/knobs.py",
+)  # fmt: skip
 
 
 def _source_digest() -> str:
     digest = hashlib.sha256()
-    for entry in _SOURCES:
+    for entry in DRAWING_SOURCES:
         path = _PACKAGE / entry
-        for source in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            digest.update(source.relative_to(_PACKAGE).as_posix().encode())
-            digest.update(source.read_bytes())
+        if path.is_file():  # the name goes in too, so a module appearing or going away changes the key
+            digest.update(entry.encode())
+            digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
 # Taken once, when the generator is imported, so that it describes the code this process draws
 # with: a digest read later could describe an edited file the process never loaded.
 _SOURCE_DIGEST = _source_digest()
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON data, the same in every process: sets sorted, enums by value, mappings by key."""
+    if isinstance(value, enum.Enum):
+        return _plain(value.value)
+    if isinstance(value, (set, frozenset)):
+        return sorted((_plain(item) for item in value), key=lambda item: json.dumps(item, sort_keys=True))
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
+
+
+def drawn_spec_fields(spec) -> dict[str, Any]:
+    """What the drawing can read of an op's spec (``conformance.ops.OpSpec``): every field whose value is not
+    callable, read generically so that a field added to the spec counts without a change here. A callable
+    (``make_values``, ``make_call``, ``written_mask``, ``reference``, ``check``) only shows as present:
+    the drawing never calls one, but it may ask whether there is one (``check`` is not None)."""
+    fields = {}
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        fields[f.name] = "<callable>" if callable(value) else _plain(value)
+    return fields
 
 
 def hypothesis_version() -> str | None:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from conformance.cases.case import DTYPES, Case
 from conformance.ops import OP_SPECS
 
-from .cache import cached_cases
-from .families import families_for
+from .cache import cached_cases, drawn_spec_fields
+from .families import FAMILIES, families_for
 from .limits import RELEASE_LIMITS, SMOKE_LIMITS, STANDARD_LIMITS, Limits
 
 
@@ -57,8 +57,21 @@ def profile_cases(
     """The ``(case id, case)`` pairs of a profile, in a fixed order, ids unique."""
     if isinstance(profile, str):
         profile = PROFILES[profile]
-    key = {"profile": profile.name, "seed": run_seed, "ops": ops, "dtypes": dtypes}
-    return cached_cases(key, lambda: _draw_profile(profile, run_seed, ops, dtypes))
+    return cached_cases(profile_key(profile, run_seed, ops, dtypes), lambda: _draw_profile(profile, run_seed, ops, dtypes))
+
+
+def profile_key(profile: Profile, run_seed: int, ops: tuple[str, ...] | None, dtypes: tuple[str, ...] | None) -> dict:
+    """What a drawing of ``profile`` reads besides the code (``cache.DRAWING_SOURCES``): the profile, the seed,
+    the filters, the families there are, and the drawing-relevant fields of the spec of every op drawn
+    (in drawing order, so that an op registered or removed changes the key)."""
+    return {
+        "profile": profile.name,
+        "seed": run_seed,
+        "ops": ops,
+        "dtypes": dtypes,
+        "families": list(FAMILIES),
+        "specs": [drawn_spec_fields(OP_SPECS[op]) for op in ops or tuple(OP_SPECS)],
+    }
 
 
 def _draw_profile(profile: Profile, run_seed: int, ops, dtypes) -> list[tuple[str, Case]]:

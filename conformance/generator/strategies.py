@@ -2,7 +2,8 @@
 
 Hypothesis draws the structure (so a failure shrinks towards fewer sequences, fewer slots, smaller
 ranks and sizes); the values come from ``case.seed`` (``conformance.cases.values``). Knobs an op does
-not read stay at their defaults, so features and ids only mention what matters for the op.
+not read stay at their defaults (``conformance.cases.knobs``), so features and ids only mention what
+matters for the op.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from conformance.cases.case import Case
+from conformance.cases.knobs import KNOBS
 from conformance.ops import OpSpec
 
 from .families import FAMILIES, Family
@@ -18,13 +20,18 @@ from .limits import Limits
 SCALES = (0.5, 2.0, 0.125, 3.75)
 
 
+def _left(knob: str, field: str | None = None):
+    """What a case holds in ``field`` (the knob's only field, when omitted) where its op does not read ``knob``."""
+    return KNOBS[knob].default(field)
+
+
 def _slices(draw, spec: OpSpec, family: Family, limits: Limits, big_width: bool) -> tuple[int, ...]:
     if "slices" not in spec.knobs or big_width:
         # A sized family's width must be the whole output width, or the size is lost in the sum.
         count = 1
     else:
         count = family.slice_count(draw, spec)
-    if spec.knobs & {"add_inputs", "expand_input"} or spec.name in ("add_lora_linear", "add_lora_logits", "apply_lora_full_linear"):
+    if "widths" in spec.knobs:
         first = family.feature_size(draw, limits.max_width) if big_width else draw(st.integers(1, limits.max_width))
         widths = [first] + draw(st.lists(st.integers(1, limits.max_width), min_size=count - 1, max_size=count - 1))
         if family.distinct_widths() and len(set(widths)) == 1:
@@ -34,7 +41,9 @@ def _slices(draw, spec: OpSpec, family: Family, limits: Limits, big_width: bool)
 
 
 def _moe_slices(draw, spec: OpSpec, family: Family, limits: Limits) -> tuple[int, ...]:
-    """Equal widths: gate and up as two slices or one fused (``gate_up``), else one slice."""
+    """Equal widths: gate and up as two slices or one fused (``gate_up``), else one slice. The width is drawn
+    for every MoE op, also for moe_lora_align_block_size, which does not read it ("widths"): its draws stay
+    as they were."""
     count = family.gate_up_slices(draw) if "gate_up" in spec.knobs else 1
     return (draw(st.integers(1, limits.max_width)),) * count
 
@@ -49,7 +58,10 @@ def _routing(draw, spec: OpSpec, family: Family, limits: Limits, token_slots: tu
     choice = st.lists(st.integers(0, global_experts - 1), min_size=top_k, max_size=top_k, unique=True)
     topk_ids = [draw(choice) for _ in token_slots]
     topk_ids = family.steer_routing(draw, topk_ids, expert_map, global_experts)
-    routed = spec.routed_weight if spec.routed_weight is not None else ("routed_weight" in spec.knobs and family.routed_weight(draw))
+    if spec.routed_weight is not None:
+        routed = spec.routed_weight
+    else:
+        routed = family.routed_weight(draw) if "routed_weight" in spec.knobs else _left("routed_weight")
     return {
         "num_experts": experts,
         "top_k": top_k,
@@ -59,8 +71,8 @@ def _routing(draw, spec: OpSpec, family: Family, limits: Limits, token_slots: tu
         "shared_experts": family.shared_experts(draw),
         "routed_weight": routed,
         "zero_weight_pairs": family.zero_weight_pairs(draw, len(token_slots) * top_k) if routed else (),
-        "block_size": family.block_size(draw) if "blocks" in spec.knobs else 0,
-        "naive_blocks": "naive" in spec.knobs and family.naive_blocks(draw),
+        "block_size": family.block_size(draw) if "blocks" in spec.knobs else _left("blocks"),
+        "naive_blocks": family.naive_blocks(draw) if "naive" in spec.knobs else _left("naive"),
     }
 
 
@@ -82,7 +94,7 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
     limits, max_rank, adapter_ranks = family.affordable(limits, max_rank, adapter_ranks)
     hidden_is_sized = family.sized and "hidden" in spec.knobs
     if "hidden" not in spec.knobs:
-        hidden = 16
+        hidden = _left("hidden")
     else:  # only a sized family's hidden size is its own; the others draw it freely
         hidden = family.feature_size(draw, limits.max_hidden) if hidden_is_sized else Family.feature_size(family, draw, limits.max_hidden)
     if moe:
@@ -90,25 +102,28 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
     else:
         slices = _slices(draw, spec, family, limits, big_width=family.sized and not hidden_is_sized)
     if not family.with_offset(draw, spec):
-        offset = 0
+        offset = _left("offset")
     elif moe:  # a fully sharded rank's columns start at shard width · tp_rank (vLLM's w2)
         offset = draw(st.integers(1, 3)) * sum(slices)
     else:
         offset = draw(st.integers(1, 64))
-    extra = draw(st.integers(1, 48)) if "wide" in spec.knobs and family.wide(draw) else 0
-    add_inputs = family.add_inputs(draw) if "add_inputs" in spec.knobs else True
-    scale = draw(st.sampled_from(SCALES)) if "scale" in spec.knobs and family.scaled(draw) else 1.0
-    expand_input_dtype = "float32" if "expand_input" in spec.knobs and family.fp32_input(draw) else None
-    bias = "bias" in spec.knobs and family.bias(draw)
-    weights_4d = "w4d" in spec.knobs and family.weights_4d(draw)
-    is_prefill = not ("prefill" in spec.knobs and family.decode)
+    extra = draw(st.integers(1, 48)) if "wide" in spec.knobs and family.wide(draw) else 0  # 0: output_width = offset + Σ slices
+    add_inputs = family.add_inputs(draw) if "add_inputs" in spec.knobs else _left("add_inputs")
+    scale = draw(st.sampled_from(SCALES)) if "scale" in spec.knobs and family.scaled(draw) else _left("scale")
+    expand_input_dtype = "float32" if "expand_input" in spec.knobs and family.fp32_input(draw) else _left("expand_input")
+    bias = family.bias(draw) if "bias" in spec.knobs else _left("bias")
+    weights_4d = family.weights_4d(draw) if "w4d" in spec.knobs else _left("w4d")
+    is_prefill = not family.decode if "prefill" in spec.knobs else _left("prefill")
     distribution = family.distribution(draw)
     token_slots = tuple(slot for slot, n in zip(seq_slots, seq_lens) for _ in range(n))
     routing = _routing(draw, spec, family, limits, token_slots, num_slots) if moe else {}
     if "module_enabled" in spec.knobs:  # drawn last, so the other ops' draws stay as they were
         routing["disabled_slots"] = family.disabled_slots(draw, seq_slots, num_slots)
     # Drawn last too, and only by the segment families: every other family's sgmv cases stay as they were.
-    seq_starts, num_rows = family.segment_layout(draw, seq_lens, seq_slots) if "segments" in spec.knobs else ((), 0)
+    if "segments" in spec.knobs:
+        seq_starts, num_rows = family.segment_layout(draw, seq_lens, seq_slots)
+    else:
+        seq_starts, num_rows = _left("segments", "seq_starts"), _left("segments", "num_rows")
     return Case(
         op=spec.name,
         dtype=dtype,

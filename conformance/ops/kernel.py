@@ -120,9 +120,14 @@ def expand_written(case: Case) -> torch.Tensor:
 
 
 def _kernel(name, summary, knobs, values, call, written, max_slices=1) -> OpSpec:
-    """A dense kernel op's spec; its reference is ``conformance.reference.<name>``."""
+    """A dense kernel op's spec; its reference is ``conformance.reference.<name>``. A shrink (it fills the
+    shrink buffer) writes a float32 buffer, an expand accumulates into the output."""
     knobs = frozenset(knobs | {"w4d"})
-    return OpSpec(name, Level.KERNEL, summary, knobs, values, call, written, getattr(reference, name), max_slices=max_slices)
+    output_kind = "buffer" if values is shrink_values else "accumulate"
+    return OpSpec(
+        name, Level.KERNEL, summary, knobs, values, call, written, getattr(reference, name), max_slices=max_slices,
+        output_kind=output_kind,
+    )
 
 
 # The most slices one packed layer has: vLLM 0.33 fuses up to 7 projections into one QKV-like layer
@@ -130,7 +135,7 @@ def _kernel(name, summary, knobs, values, call, written, max_slices=1) -> OpSpec
 MAX_SLICES = 7
 
 SHRINK_KNOBS = {"hidden", "scale"}
-EXPAND_KNOBS = {"add_inputs", "expand_input", "wide"}
+EXPAND_KNOBS = {"add_inputs", "expand_input", "wide", "widths"}
 SEGMENT_KNOBS = {"segments"}  # the sgmv ops read b_seq_start_loc: segments may lie anywhere in the rows
 
 KERNEL_OP_SPECS = (

@@ -188,7 +188,10 @@ def check_alignment(case: Case, after: Tensors, values: Tensors) -> list[tuple[i
     )  # fmt: skip
 
 
-MOE_KNOBS = frozenset({"routing", "hidden", "offset", "wide", "add_inputs"})
+MOE_KNOBS = frozenset({"routing", "hidden", "widths", "offset", "wide", "add_inputs"})
+# lora: vLLM's GPU wrapper aligns each slot's pairs into blocks, then walks them; classic: one expert per pair
+# (the naive block assignment), as bgmv takes one index per row (vLLM's CPU wrapper has no MoE LoRA).
+MOE_COMPOSITIONS = {"lora": ("moe_lora_align_block_size", "fused_moe_lora"), "classic": ("fused_moe_lora",)}
 
 MOE_OP_SPECS = (
     OpSpec(
@@ -202,15 +205,16 @@ MOE_OP_SPECS = (
         "each slot's (token, choice) pairs sorted by local expert into blocks (judged by its invariants)",
         frozenset({"routing", "blocks"}), alignment_values, _moe_lora_align_block_size, every_element_of_sorted_ids,
         reference.moe_lora_align_block_size, output="sorted_token_ids", rows="pairs", check=check_alignment,
-        extra_outputs=("expert_ids", "num_tokens_post_pad"), routed_weight=False,
+        extra_outputs=("expert_ids", "num_tokens_post_pad"), routed_weight=False, output_kind="index",
     ),
     OpSpec(
         "add_lora_w13", Level.WRAPPER, "y[t, k, offset + s·N …] (+)= (x[t] @ A_s[l, e]ᵀ) @ B_s[l, e]ᵀ, gate/up slices or one fused",
         MOE_KNOBS | {"gate_up"}, moe_values, _wrapper_call, moe_written, PunicaWrapperReference.add_lora_w13, max_slices=2, rows="pairs",
-        routed_weight=False,
+        routed_weight=False, compositions=MOE_COMPOSITIONS,
     ),
     OpSpec(
         "add_lora_w2", Level.WRAPPER, "y[t, k, offset …] (+)= w_tk · (x[t·top_k + k] @ A[l, e]ᵀ) @ B[l, e]ᵀ",
         MOE_KNOBS, moe_values, _wrapper_call, moe_written, PunicaWrapperReference.add_lora_w2, rows="pairs", routed_weight=True,
+        compositions=MOE_COMPOSITIONS,
     ),
 )

@@ -153,36 +153,46 @@ def full_linear_written(case: Case) -> torch.Tensor:
     return torch.tensor(served, dtype=torch.bool)[:, None].expand(-1, case.output_width).clone()
 
 
-def _wrapper(name, summary, knobs, values, call, written, max_slices=1, rows="tokens") -> OpSpec:
+def _wrapper(name, summary, knobs, values, call, written, **fields) -> OpSpec:
     """A dense wrapper op's spec; its reference is ``PunicaWrapperReference.<name>``."""
     knobs = frozenset(knobs | {"prefill", "w4d"})
-    return OpSpec(
-        name, Level.WRAPPER, summary, knobs, values, call, written, getattr(PunicaWrapperReference, name),
-        max_slices=max_slices, rows=rows,
-    )
+    return OpSpec(name, Level.WRAPPER, summary, knobs, values, call, written, getattr(PunicaWrapperReference, name), **fields)
 
 
 WRAPPER_OP_SPECS = (
-    _wrapper("add_shrink", "y[s] += scale · x @ A_s[slot]ᵀ for every slice", {"hidden", "scale", "slices"}, shrink_values, _add_shrink, shrink_written, MAX_SLICES),
+    _wrapper(
+        "add_shrink", "y[s] += scale · x @ A_s[slot]ᵀ for every slice", {"hidden", "scale", "slices"}, shrink_values, _add_shrink,
+        shrink_written, max_slices=MAX_SLICES, output_kind="buffer",
+        compositions={"lora": ("lora_shrink",), "classic": ("sgmv_shrink", "bgmv_shrink")},
+    ),
     _wrapper(
         "add_expand",
         "y[:, offset_start + Σ N_j ...] (+)= x[s] @ B_s[slot]ᵀ (+ bias) for every slice",
-        {"slices", "offset", "wide", "add_inputs", "expand_input", "bias"},
-        expand_with_bias_values, _add_expand, expand_written, MAX_SLICES,
+        {"slices", "widths", "offset", "wide", "add_inputs", "expand_input", "bias"},
+        expand_with_bias_values, _add_expand, expand_written, max_slices=MAX_SLICES,
+        compositions={"lora": ("lora_expand",), "classic": ("sgmv_expand_slice", "bgmv_expand_slice")},
     ),
     _wrapper(
         "add_lora_linear",
         "y (+)= scale · (x @ A_s[slot]ᵀ) @ B_s[slot]ᵀ (+ bias), packed slices",
-        {"hidden", "scale", "slices", "bias", "add_inputs"},
-        linear_values, _add_lora_linear, expand_written, MAX_SLICES,
+        {"hidden", "scale", "slices", "widths", "bias", "add_inputs"},
+        linear_values, _add_lora_linear, expand_written, max_slices=MAX_SLICES,
+        composed_of=("add_shrink", "add_expand"),  # shrink into a zeroed float32 buffer, then expand it
     ),
-    _wrapper("add_lora_embedding", "y (+)= x @ B[slot]ᵀ for looked-up LoRA-A rows", {"add_inputs"}, embedding_values, _add_lora_embedding, all_columns_written),
     _wrapper(
-        "add_lora_logits", "logits += scale · (h @ A[slot]ᵀ) @ B[slot]ᵀ per sampled row", {"hidden", "scale"}, logits_values, _add_lora_logits, logits_written,
-        rows="sampled",
+        "add_lora_embedding", "y (+)= x @ B[slot]ᵀ for looked-up LoRA-A rows", {"widths", "add_inputs"}, embedding_values,
+        _add_lora_embedding, all_columns_written, compositions={"lora": ("lora_expand",), "classic": ("sgmv_expand", "bgmv_expand")},
+    ),
+    _wrapper(
+        "add_lora_logits", "logits += scale · (h @ A[slot]ᵀ) @ B[slot]ᵀ per sampled row", {"hidden", "widths", "scale"}, logits_values,
+        _add_lora_logits, logits_written, rows="sampled",
+        compositions={"lora": ("lora_shrink", "lora_expand"), "classic": ("bgmv_shrink", "bgmv_expand")},
     ),
     _wrapper(
         "apply_lora_full_linear", "y[p] = x[p] @ W[slot]ᵀ + bias[slot] per sampled row of an enabled module (replaced)",
-        {"hidden", "bias", "module_enabled"}, full_linear_values, _apply_lora_full_linear, full_linear_written, rows="sampled",
+        {"hidden", "widths", "bias", "module_enabled"}, full_linear_values, _apply_lora_full_linear, full_linear_written,
+        rows="sampled", output_kind="replace",
+        # the whole per-slot weight shrunk at scale 1 into a float32 buffer, the bias added, the rows replaced
+        compositions={"lora": ("lora_shrink",), "classic": ("bgmv_shrink",)},
     ),
 )

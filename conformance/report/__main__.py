@@ -50,7 +50,9 @@ def verdict_line(document: dict) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m conformance.report`` (also ``lora-conformance report``); the project's
+    tests parse the CI examples' commands with it."""
     parser = argparse.ArgumentParser(prog="python -m conformance.report", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     html = commands.add_parser(
@@ -68,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     compare = commands.add_parser("compare", help="compare runs of different targets over the same cases (same profile and seed)")
     compare.add_argument("results", metavar="RESULTS.json|REPORT_DIR", nargs="+")
     compare.add_argument("--out", metavar="DIR", required=True, help="where compare.json and compare.html go")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "allure":
         return _allure(args)
     if args.command == "compare":

@@ -92,6 +92,11 @@ class VllmWrapperMethods:
     def add_lora_logits(self, y, x, lora_a_stacked, lora_b_stacked, scale, *, buffer=None, **kwargs):
         self.wrapper.add_lora_logits(y, x, lora_a_stacked, lora_b_stacked, scale, buffer=buffer, **kwargs)
 
+    # Said when the installed wrapper lacks the method (the property below returns None then).
+    FULL_LINEAR_MISSING = (
+        "the installed vLLM's wrapper has no apply_lora_full_linear (the classification heads' full linear, added in vLLM 0.32)"
+    )
+
     @property
     def apply_lora_full_linear(self):
         # A property, because whether the op exists depends on the installed vLLM, not on this class.

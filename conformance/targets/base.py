@@ -8,12 +8,10 @@ A target is a plain Python class (no pytest, no reports), so a vendor can also d
 * ``unsupported_reason(case)``: ``None`` when the target claims the case, else the reason it does not
   (reported "not supported", never passed);
 * ``update_metadata(mapping)``: take a :class:`conformance.reference.LoRAMapping` (slots, not ids);
-* the wrapper methods with vLLM's names and argument order: ``add_shrink``, ``add_expand``,
-  ``add_lora_linear``, ``add_lora_embedding``, ``add_lora_logits`` (LoRA bias as the optional keyword
-  ``lora_bias_stacked``);
-* optionally the kernel ops with vLLM's names and argument order: ``bgmv_shrink``, ``bgmv_expand``,
-  ``bgmv_expand_slice``, ``sgmv_shrink``, ``sgmv_expand``, ``sgmv_expand_slice``, ``lora_shrink``,
-  ``lora_expand``;
+* the ops, as methods with vLLM's names and argument order: the wrapper-level ones (LoRA bias as the
+  optional keyword ``lora_bias_stacked``) and, optionally, the kernel-level ones. The registry
+  ``conformance.ops.OP_SPECS`` is the list; ``python -m conformance.targets ops-table ops`` prints it
+  (docs/targets.md embeds it, with every op's arguments);
 * ``synchronize()``: wait for the device before outputs are read;
 * ``device_traits()`` (classmethod): the visible-devices variable and ``torch.distributed`` backend of
   its device type (built in for cpu, cuda and hpu; a new device type states its own);
@@ -23,7 +21,7 @@ A target is a plain Python class (no pytest, no reports), so a vendor can also d
   every LoRA delta through the wrapper methods above) or ``"vllm"`` (the installed vLLM engine,
   ``LLM(enable_lora=True)``, on the target's device).
 
-An op a target does not define is "not supported". Which ops exist is ``conformance.ops.OP_NAMES``.
+An op a target does not define is "not supported".
 """
 
 from __future__ import annotations

@@ -11,11 +11,9 @@ For every op (the kernel ops, then the wrapper ops) and every dtype the suite dr
   ``unsupported_reason`` refuses a small probe case, or the target cannot run here.
 
 Restrictions a target declares per case rather than per op show up as a note after the status when
-a probe case that turns one knob the op reads (``FEATURE_PROBES``: LoRA bias, a decode batch, several
-slices, a float32 expand input, an output offset, columns beyond the written slice, no add_inputs, a
-scale other than 1, an odd hidden size, 4-D weight stacks) is refused where the plain probe is not.
-Every knob of ``conformance.ops.spec.KNOBS`` has a probe (a test checks it), so a refusal that depends
-on one knob shows here; refusals that depend on combinations show only in a run.
+a probe case that turns one knob the op reads (``FEATURE_PROBES``) is refused where the plain probe is
+not. Every knob of ``conformance.cases.knobs.KNOBS`` has a probe (a test checks it), so a refusal that
+depends on one knob shows here; refusals that depend on combinations show only in a run.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from conformance.cases.case import DTYPES, Case
 from conformance.ops import OP_SPECS, Level, OpSpec, ops_at
 
 from .base import Target, TargetUnavailable
-from .kernel_target import COMPOSED_OF, KERNELS_NEEDED, KernelTarget
+from .kernel_target import KernelTarget
 from .registry import known_targets, resolve
 
 # Case features probed one at a time: (what, the knob it turns, the fields changed). The probe applies
@@ -43,6 +41,7 @@ FEATURE_PROBES = (
     ("add_inputs=False", "add_inputs", {"add_inputs": False}),
     ("a scale other than 1", "scale", {"scale": 0.5}),
     ("an odd hidden size", "hidden", {"hidden_size": 17}),
+    ("an odd output width", "widths", {"output_slices": (17,), "output_width": 17}),
     ("4-D weight stacks", "w4d", {"weights_4d": True}),
     # the fused-MoE ops
     ("experts on another rank (expert_map)", "routing", {"expert_map": (0, 1, -1)}),
@@ -159,9 +158,9 @@ def _definition(target: Target, op: str) -> tuple[str, bool]:
 
 def _derivation(target: KernelTarget, op: str) -> str:
     kernels = ", ".join(target.derived_from(op))
-    if op not in COMPOSED_OF:
+    parts = OP_SPECS[op].composed_of
+    if not parts:
         return f"derived from kernels ({kernels})"
-    parts = COMPOSED_OF[op]
     own = [part for part in parts if target.overrides(part)]
     sources = ([f"kernels ({kernels})"] if kernels else []) + ([f"{', '.join(own)} (implemented)"] if own else [])
     return f"derived from {' and '.join(sources)} via {' then '.join(parts)}"
@@ -170,13 +169,17 @@ def _derivation(target: KernelTarget, op: str) -> str:
 def _why_not_derived(target: KernelTarget, op: str) -> str:
     if not callable(getattr(target, op, None)):
         return f"{target.name} sets {op} to None (opted out)"
-    if op in COMPOSED_OF:
-        missing = [part for part in COMPOSED_OF[op] if not target.wrapper_implemented(part)]
+    spec = OP_SPECS[op]
+    if spec.composed_of:
+        missing = [part for part in spec.composed_of if not target.wrapper_implemented(part)]
         return "; ".join(f"needs {part}, which is {_why_not_derived(target, part).removeprefix('not supported: ')}" for part in missing)
+    paths = [path for path in target.wrapper_paths if path in spec.compositions]
+    if not paths:
+        return f"{target.name} does not define {op}, and no composition of kernel ops gives it"
     present = set(target.kernel_ops())
     options = []
-    for path in target.wrapper_paths:
-        missing = [kernel for kernel in KERNELS_NEEDED[path][op] if kernel not in present]
+    for path in paths:
+        missing = [kernel for kernel in spec.compositions[path] if kernel not in present]
         options.append(f"{' and '.join(missing)} ({path} composition)")
     return "missing kernels " + " or ".join(options)
 

@@ -25,23 +25,11 @@ LoRA-B) expanded to every local expert with stride 0, as vLLM's layer does; the 
 expert dim of the stacks that are not shared. Like vLLM's wrapper, neither launches anything when
 every token has slot −1.
 
-Which kernels each wrapper op needs (a wrapper op whose kernels are missing is not implemented, so
-the runner reports its cases "not supported"):
-
-======================  ============================================  =======================================
-wrapper op              lora composition                              classic composition
-======================  ============================================  =======================================
-add_shrink              lora_shrink                                   sgmv_shrink and bgmv_shrink
-add_expand              lora_expand                                   sgmv_expand_slice and bgmv_expand_slice
-add_lora_embedding      lora_expand                                   sgmv_expand and bgmv_expand
-add_lora_logits         lora_shrink and lora_expand                   bgmv_shrink and bgmv_expand
-apply_lora_full_linear  lora_shrink                                   bgmv_shrink
-add_lora_w13            moe_lora_align_block_size and fused_moe_lora  fused_moe_lora (naive block assignment)
-add_lora_w2             moe_lora_align_block_size and fused_moe_lora  fused_moe_lora (naive block assignment)
-add_lora_linear         ``add_shrink`` then ``add_expand`` (each by whichever composition it has)
-======================  ============================================  =======================================
-
-Each of the first seven uses the first composition in ``wrapper_paths`` (``("lora", "classic")``
+Which kernels each wrapper op needs is data on its spec (``OpSpec.compositions``, or
+``OpSpec.composed_of`` for ``add_lora_linear``: ``add_shrink`` then ``add_expand``, each by whichever
+composition it has); the table at the end of this docstring is generated from the specs. A wrapper
+op whose kernels are missing is not implemented, so the runner reports its cases "not supported".
+Each kernel-backed wrapper op uses the first composition in ``wrapper_paths`` (``("lora", "classic")``
 unless a subclass says otherwise) whose kernels are all present. A wrapper method the subclass
 defines itself always wins and counts as implemented (set it to ``None`` to opt out of one);
 ``add_lora_linear`` calls ``self.add_shrink`` and ``self.add_expand``, so it composes from
@@ -69,35 +57,16 @@ from typing import ClassVar
 
 import torch
 
-from conformance.ops import Level, ops_at
+from conformance.ops import OP_SPECS, Level, ops_at
+from conformance.ops.tables import composition_table
 from conformance.reference import LoRAKernelMeta, LoRAMapping, SegmentMetadata, aligned_buffers
 
 from .base import Target
 
-KERNELS_NEEDED: dict[str, dict[str, tuple[str, ...]]] = {
-    "lora": {
-        "add_shrink": ("lora_shrink",),
-        "add_expand": ("lora_expand",),
-        "add_lora_embedding": ("lora_expand",),
-        "add_lora_logits": ("lora_shrink", "lora_expand"),
-        "apply_lora_full_linear": ("lora_shrink",),
-        "add_lora_w13": ("moe_lora_align_block_size", "fused_moe_lora"),
-        "add_lora_w2": ("moe_lora_align_block_size", "fused_moe_lora"),
-    },
-    "classic": {
-        "add_shrink": ("sgmv_shrink", "bgmv_shrink"),
-        "add_expand": ("sgmv_expand_slice", "bgmv_expand_slice"),
-        "add_lora_embedding": ("sgmv_expand", "bgmv_expand"),
-        "add_lora_logits": ("bgmv_shrink", "bgmv_expand"),
-        "apply_lora_full_linear": ("bgmv_shrink",),
-        "add_lora_w13": ("fused_moe_lora",),  # the naive block assignment
-        "add_lora_w2": ("fused_moe_lora",),
-    },
-}
-"""Per composition, the kernels each kernel-backed wrapper op calls."""
-
-COMPOSED_OF: dict[str, tuple[str, ...]] = {"add_lora_linear": ("add_shrink", "add_expand")}
-"""Wrapper ops built from other wrapper methods rather than from kernels."""
+# The table of the kernels each wrapper op needs, rendered from the specs rather than kept by hand here
+# (no docstring to extend under ``python -OO``).
+if __doc__ is not None:
+    __doc__ += "\nThe kernels each wrapper op needs, per composition (from ``conformance.ops.OP_SPECS``):\n\n" + composition_table()
 
 
 class KernelTarget(Target):
@@ -133,8 +102,9 @@ class KernelTarget(Target):
     def wrapper_path(self, op: str) -> str | None:
         """The composition a kernel-backed wrapper op uses: the first whose kernels are all present."""
         present = set(self.kernel_ops())
+        compositions = OP_SPECS[op].compositions
         for path in self.wrapper_paths:
-            if set(KERNELS_NEEDED[path][op]) <= present:
+            if path in compositions and set(compositions[path]) <= present:
                 return path
         return None
 
@@ -143,8 +113,8 @@ class KernelTarget(Target):
             return False
         if self.overrides(op):
             return True
-        if op in COMPOSED_OF:
-            return all(self.wrapper_implemented(part) for part in COMPOSED_OF[op])
+        if OP_SPECS[op].composed_of:
+            return all(self.wrapper_implemented(part) for part in OP_SPECS[op].composed_of)
         return self.wrapper_path(op) is not None
 
     def implemented_ops(self) -> tuple[str, ...]:
@@ -155,15 +125,17 @@ class KernelTarget(Target):
         ``()`` when the subclass defines ``op`` itself or it is not implemented."""
         if not self.wrapper_implemented(op) or self.overrides(op):
             return ()
-        if op in COMPOSED_OF:
-            return tuple(dict.fromkeys(kernel for part in COMPOSED_OF[op] for kernel in self.derived_from(part)))
-        return KERNELS_NEEDED[self.wrapper_path(op)][op]
+        spec = OP_SPECS[op]
+        if spec.composed_of:
+            return tuple(dict.fromkeys(kernel for part in spec.composed_of for kernel in self.derived_from(part)))
+        return spec.compositions[self.wrapper_path(op)]
 
     def _path(self, op: str) -> str:
         """``wrapper_path(op)``, or NotImplementedError naming the kernels that would make it work."""
         path = self.wrapper_path(op)
         if path is None:
-            options = " or ".join(" and ".join(KERNELS_NEEDED[p][op]) for p in self.wrapper_paths)
+            compositions = OP_SPECS[op].compositions
+            options = " or ".join(" and ".join(compositions[p]) for p in self.wrapper_paths if p in compositions)
             raise NotImplementedError(f"{self.name}: {op} needs {options}")
         return path
 

@@ -428,6 +428,11 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
         "moe_lora_align_block_size, add_lora_w13/add_lora_w2 for MoE layers) on a CUDA GPU"
     )
     generation_engine = "vllm"  # end to end: the real engine, LLM(enable_lora=True)
+    why_not_implemented = {
+        **{op: f"{op} is no longer a Triton kernel in vLLM: its GPU path runs lora_shrink/lora_expand"
+           for op in ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice")},
+        "apply_lora_full_linear": VllmWrapperMethods.FULL_LINEAR_MISSING,
+    }
     # The Triton LoRA kernels assert float16/bfloat16 inputs and weights (float32 expand inputs are cast).
     dtypes = frozenset({torch.float16, torch.bfloat16})
     specialize_active_lora: ClassVar[bool] = SPECIALIZE_ACTIVE_LORA

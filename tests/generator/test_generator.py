@@ -7,8 +7,8 @@ the sizes and flags vLLM's own tests miss (docs/vllm-lora-ops.md §7.5, "Not cov
 drawing is deterministic; and that a case survives its JSON round trip.
 
 Drawing a profile costs seconds, so each profile is drawn once per module (``profile_cases`` may
-serve it from its disk cache, keyed by the generator's source); the determinism tests turn the cache
-off, since with it any two calls would agree.
+serve it from its disk cache, keyed by what the drawing reads: test_profile_cache.py); the determinism
+tests turn the cache off, since with it any two calls would agree.
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@
   vendor runs it (pytest in a subprocess; serial, as ``-n 2`` was measured slower for this one: 29 s
   against 18 s on two cores);
 * its kernels also carry the wrapper level composed like vLLM's CPU wrapper (sgmv / bgmv);
-* removing one kernel from a backend with all ten (``PlainTorchTarget``) makes exactly the ops that
-  ``KernelTarget``'s docstring table says depend on it "not supported", for each composition order;
+* ``KernelTarget`` follows the specs' compositions (``OpSpec.compositions`` / ``composed_of``): with only
+  a composition's kernels it derives the wrapper op, calls those kernels and no other, and passes;
+  removing one kernel from a backend with all ten (``PlainTorchTarget``) makes exactly the ops whose
+  compositions need it "not supported", for each composition order;
 * the MoE wrapper ops are composed as documented: block-aligned metadata from the target's own
   ``moe_lora_align_block_size``, or the naive form with the pairs' local experts; shared stacks
   expanded with stride 0; composed from the reference's own kernels they pass every MoE wrapper case;
@@ -33,7 +35,7 @@ from conformance.cases import Case
 from conformance.generator.profiles import profile_cases
 from conformance.ops import OP_SPECS, case_mapping
 from conformance.runner import run_case
-from conformance.targets import KERNEL_OPS, WRAPPER_OPS, TargetUnavailable, kernel_target, known_targets, resolve
+from conformance.targets import KERNEL_OPS, WRAPPER_OPS, TargetUnavailable, known_targets, resolve
 from conformance.targets.describe import describe_class
 from conformance.targets.kernel_target import KernelTarget
 from conformance.verdict import Outcome
@@ -152,40 +154,63 @@ def test_the_example_kernels_pass_every_wrapper_smoke_case_through_the_classic_o
 # -- (c) one kernel removed: exactly its dependants are not supported ---------------------------------
 
 
-def documented_kernels() -> dict[str, dict[str, set[str]]]:
-    """KernelTarget's docstring table, read as data: composition → wrapper op → the kernels it needs
-    (a cell may end with a note in parentheses: "fused_moe_lora (naive block assignment)")."""
-    table = kernel_target.__doc__.split("Which kernels each wrapper op needs")[1]
-    needs: dict[str, dict[str, set[str]]] = {"lora": {}, "classic": {}}
-
-    def kernels(cell: str) -> set[str]:
-        return set(re.sub(r"\s*\(.*\)$", "", cell).split(" and "))
-
-    for line in table.splitlines():
-        cells = re.split(r"\s{2,}", line.strip())
-        if len(cells) == 3 and cells[0] in WRAPPER_OPS and cells[0] != "add_lora_linear":
-            op, lora, classic = cells
-            needs["lora"][op] = kernels(lora)
-            needs["classic"][op] = kernels(classic)
-    assert set(needs["lora"]) == set(WRAPPER_OPS) - {"add_lora_linear"}, "the docstring table changed shape"
-    assert "add_lora_linear" in table and "``add_shrink`` then ``add_expand``" in table
-    return needs
+def composed_kernels(op: str, path: str) -> set[str]:
+    """The kernels the specs say wrapper op ``op`` calls in composition ``path`` (through its parts for an op
+    composed of wrapper ops, ``add_lora_linear``)."""
+    spec = OP_SPECS[op]
+    if spec.composed_of:
+        return set().union(*(composed_kernels(part, path) for part in spec.composed_of))
+    return set(spec.compositions[path])
 
 
-def documented_dependants(kernel: str, paths: tuple[str, ...]) -> set[str]:
-    """The ops unsupported once ``kernel`` is gone: itself, every wrapper op none of whose compositions
-    in ``paths`` does without it, and add_lora_linear when add_shrink or add_expand is among them."""
-    needs = documented_kernels()
-    gone = {op for op in needs["lora"] if all(kernel in needs[path][op] for path in paths)}
-    if gone & {"add_shrink", "add_expand"}:
-        gone.add("add_lora_linear")
+def dependants(kernel: str, paths: tuple[str, ...]) -> set[str]:
+    """The ops unsupported once ``kernel`` is gone, by the specs: itself, every wrapper op none of whose
+    compositions in ``paths`` does without it, and every op composed of one of those."""
+    def needs(spec) -> bool:
+        return not any(path in spec.compositions and kernel not in spec.compositions[path] for path in paths)
+
+    gone = {op for op in WRAPPER_OPS if OP_SPECS[op].compositions and needs(OP_SPECS[op])}
+    gone |= {op for op in WRAPPER_OPS if set(OP_SPECS[op].composed_of) & gone}
     return {kernel} | gone
 
 
-def test_the_docstring_table_is_the_table_kernel_target_uses():
-    needs = documented_kernels()
-    for path, ops in kernel_target.KERNELS_NEEDED.items():
-        assert {op: set(kernels) for op, kernels in ops.items()} == needs[path]
+def recording(base: type[KernelTarget], calls: list[str]) -> type[KernelTarget]:
+    """``base`` with every kernel op noting its name in ``calls`` before it runs."""
+    def noting(op: str):
+        def kernel(self, *args):
+            calls.append(op)
+            return getattr(super(recorder, self), op)(*args)
+
+        return kernel
+
+    recorder = type(f"Recording{base.__name__}", (base,), {op: noting(op) for op in KERNEL_OPS})
+    return recorder
+
+
+def cases_reaching_every_kernel(smoke_cases, op: str) -> list[tuple[str, Case]]:
+    """The cheapest prefill and decode cases of ``op`` with a row of an adapter (the classic composition
+    calls the sgmv ops for one, the bgmv ops for the other)."""
+    chosen = {}
+    for case_id, case in sorted(smoke_cases, key=lambda pair: pair[1].num_tokens * pair[1].max_rank):
+        if case.op == op and any(slot != -1 for slot in case.token_slots):
+            chosen.setdefault(case.is_prefill, (case_id, case))
+    return list(chosen.values())
+
+
+COMPOSED_WRAPPERS = [op for op in WRAPPER_OPS if OP_SPECS[op].compositions or OP_SPECS[op].composed_of]
+
+
+@pytest.mark.parametrize("path", ["lora", "classic"])
+@pytest.mark.parametrize("op", COMPOSED_WRAPPERS)
+def test_kernel_target_composes_each_wrapper_op_from_exactly_the_kernels_its_spec_names(smoke_cases, op, path):
+    needed = composed_kernels(op, path)
+    calls: list[str] = []
+    only_those = {kernel: None for kernel in KERNEL_OPS if kernel not in needed}
+    target = type("OnlyTheComposition", (recording(PlainTorchTarget, calls),), {**only_those, "wrapper_paths": (path,)})()
+    assert op in target.implemented_ops() and set(target.derived_from(op)) == needed
+    for case_id, case in cases_reaching_every_kernel(smoke_cases, op):
+        assert run_case(target, case, case_id, runs=1).outcome is Outcome.PASS, case_id
+    assert set(calls) == needed  # each kernel it names is called by some case, and no other kernel
 
 
 COMPOSITION_ORDERS = [("lora", "classic"), ("lora",), ("classic",)]
@@ -196,7 +221,7 @@ COMPOSITION_ORDERS = [("lora", "classic"), ("lora",), ("classic",)]
 def test_removing_one_kernel_makes_exactly_its_dependants_not_supported(cheapest_per_op, kernel, paths):
     # PlainTorchTarget defines all ten kernels (the example has no MoE kernels)
     without = type(f"Without_{kernel}", (PlainTorchTarget,), {kernel: None, "wrapper_paths": paths})()
-    expected = documented_dependants(kernel, paths)
+    expected = dependants(kernel, paths)
     assert set(ALL_OPS) - set(without.implemented_ops()) == expected
 
     outcomes = {op: run_case(without, case, case_id).outcome for op, (case_id, case) in cheapest_per_op.items()}
@@ -376,8 +401,8 @@ def test_describe_the_example_backend(example_class):
         "add_lora_embedding": "derived from kernels (lora_expand)",
         "add_lora_logits": "derived from kernels (lora_shrink, lora_expand)",
         "apply_lora_full_linear": "derived from kernels (lora_shrink)",
-        "fused_moe_lora": "not supported: plain-example does not define fused_moe_lora",
-        "moe_lora_align_block_size": "not supported: plain-example does not define moe_lora_align_block_size",
+        # the example's own reason, where it gives one (PlainExampleTarget.why_not_implemented)
+        **{op: "not supported: " + example_class.why_not_implemented.get(op, f"plain-example does not define {op}") for op in MOE_KERNELS},
         "add_lora_w13": no_moe_kernels,
         "add_lora_w2": no_moe_kernels,
     }

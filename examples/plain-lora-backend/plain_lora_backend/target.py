@@ -24,6 +24,11 @@ class PlainExampleTarget(KernelTarget):
     name = "plain-example"
     description = "example out-of-tree backend: the kernel ops in plain torch, wrapper methods derived by the suite"
     dtypes = frozenset({torch.float16, torch.bfloat16, torch.float32})
+    # Left out on purpose, to keep the example short; a MoE backend defines them like the dense kernels.
+    why_not_implemented = {
+        op: f"the example backend leaves the fused-MoE kernels out on purpose ({op}; see docs/moe.md for their contract)"
+        for op in ("fused_moe_lora", "moe_lora_align_block_size")
+    }
 
     # -- bgmv: one slot per token (decode) ---------------------------------------------------------
 
