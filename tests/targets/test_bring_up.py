@@ -110,7 +110,6 @@ def test_the_example_implements_kernels_only_and_not_from_the_reference(example_
     assert "conformance.reference" not in source and "from conformance import reference" not in source
 
 
-@pytest.mark.slow
 @pytest.mark.integration  # the example backend's whole smoke run
 def test_the_example_passes_the_smoke_gate_with_only_the_moe_ops_unsupported(example_class, tmp_path):
     completed = run_command(
