@@ -30,7 +30,7 @@ from conformance import journal
 from conformance.cases.replay import read_replay
 from conformance.devices import parse_devices
 from conformance.errors import RunError
-from conformance.expectations import apply_expectations, load_expectations, shipped_expectations, split_applicable
+from conformance.expectations import apply_expectations, load_expectations, shipped_expectations, split_applicable, version_lookup
 from conformance.generator import DEFAULT_PROFILE, PROFILES
 from conformance.generator.cache import hypothesis_version
 from conformance.isolation import IsolatedExecutor, LocalExecutor
@@ -150,7 +150,8 @@ class ConformanceRun:
             entries = load_expectations(self.expectations_path) if self.expectations_path else ()
         except ValueError as exc:
             raise RunError(str(exc)) from None
-        self.expectations, self.expectations_not_applicable = split_applicable(entries)
+        # against the versions the target runs (its own statement, e.g. swapped vLLM ops), else the installed ones
+        self.expectations, self.expectations_not_applicable = split_applicable(entries, version_lookup(self.facts.package_versions))
         self.today = dt.date.today()
         timeout = settings.case_timeout if settings.case_timeout is not None else PROFILES[self.profile].case_timeout
         if timeout < 0:

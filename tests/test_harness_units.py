@@ -98,10 +98,13 @@ class TestExpectations:
         _, not_applicable = split_applicable(entries, version_of={}.get)
         assert not_applicable[0]["not_applicable"] == "needs vllm <0.33, which is not installed"
 
-    def test_the_shipped_cpu_entries_stop_applying_on_a_fixed_vllm(self):
+    def test_the_shipped_cpu_slot_minus_one_entries_stop_applying_on_a_fixed_vllm(self):
         entries = load_expectations(shipped_expectations("cpu"))
         assert len(split_applicable(entries, version_of={"vllm": "0.32.0"}.get)[0]) == len(entries)
-        assert split_applicable(entries, version_of={"vllm": "0.33.0"}.get)[0] == ()
+        # vLLM 0.33's torch ops skip slot -1; its CPU wrapper's add_inputs clash and sgmv's ignored
+        # b_seq_start_loc are still there (read in the 0.33.0 wheel), so those two entries still apply
+        still = [e.id for e in split_applicable(entries, version_of={"vllm": "0.33.0"}.get)[0]]
+        assert still == ["vllm-cpu-add-lora-linear-add-inputs", "vllm-cpu-sgmv-ignores-seq-start-loc"]
 
     def test_an_import_name_resolves_to_its_distribution(self):
         assert installed_version("vllm") == installed_version("vllm-cpu") is not None

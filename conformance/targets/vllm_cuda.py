@@ -19,8 +19,10 @@ one line what is missing (the GPU first, then vLLM's CUDA build, then Triton).
 
 Limitations of the GPU path that this target does *not* hide (the suite reports them as failures):
 whatever the kernels or the wrapper get wrong, including stale pointer-cache entries (see
-:class:`TritonLoRAKernels`) and ``fused_moe_lora``'s two-kernel path (rank > 128 or fully sharded), which
-rounds float16 operands to bfloat16 before ``tl.dot``. What it declares not supported: float32
+:class:`TritonLoRAKernels`) and, in vLLM 0.32, ``fused_moe_lora``'s two-kernel path (rank > 128 or fully
+sharded), which rounds float16 operands to bfloat16 before ``tl.dot``: an upstream bug, fixed in vLLM
+0.33.0 (``_fused_moe_lora_kernel`` dots in the operands' own dtype), so on 0.33 those float16 cases must
+pass (docs/targets.md, "The cuda target's MoE adaptation"). What it declares not supported: float32
 weights/activations (the dense Triton kernels assert float16/bfloat16, and the end-to-end engine shares
 the target's dtypes; a float32 *expand input* is supported and cast, and is claimed), LoRA bias where the
 installed wrapper has no ``lora_bias_stacked`` (vLLM 0.32 has none; its GPU wrapper would silently drop
