@@ -11,6 +11,7 @@ from __future__ import annotations
 from .case import ODD_HIDDEN_SIZES, REAL_HIDDEN_SIZES, Case
 
 LARGE_T = 1024
+LONG_BATCH = 2048  # rows of one call above which a kernel gridded or tiled for 2,048 rows breaks
 
 FEATURE_DOCS = {
     "neg1": "rows without adapter (slot −1) mixed with adapter rows",
@@ -22,8 +23,10 @@ FEATURE_DOCS = {
     "len1_seq": "a sequence of length 1 among longer ones",
     "t1": "a single token",
     "large_t": f"at least {LARGE_T} tokens",
+    "long_batch": f"more than {LONG_BATCH:,} rows in one call: tokens (and so pairs, for the MoE ops), or sampled rows for the logits and classification heads",
     "rank_padded": "an adapter of rank below the stack's max rank (zero-padded)",
     "rank_odd": "a rank that is not a multiple of 16",
+    "rank_512": "a stack rank above 256: 320 or 512 (vLLM's largest max_lora_rank)",
     "real_hidden": "a hidden size of a real model",
     "odd_hidden": "a hidden size that is no multiple of any block size",
     "multi_slice": "two or more output slices",
@@ -85,8 +88,10 @@ def case_features(case: Case) -> frozenset[str]:
         "len1_seq": len(case.seq_lens) > 1 and 1 in case.seq_lens and max(case.seq_lens) > 1,
         "t1": case.num_tokens == 1,
         "large_t": case.num_tokens >= LARGE_T,
+        "long_batch": _op_rows(case) > LONG_BATCH,
         "rank_padded": any(case.adapter_ranks[s] < case.max_rank for s in used),
         "rank_odd": any(r % 16 for r in (case.max_rank, *case.adapter_ranks)),
+        "rank_512": case.max_rank > 256,
         "real_hidden": case.hidden_size in REAL_HIDDEN_SIZES or case.output_width in REAL_HIDDEN_SIZES,
         "odd_hidden": case.hidden_size in ODD_HIDDEN_SIZES or case.output_width in ODD_HIDDEN_SIZES,
         "multi_slice": case.num_slices > 1,
@@ -112,6 +117,8 @@ def case_features(case: Case) -> frozenset[str]:
 
 def _layout_features(case: Case) -> dict[str, bool]:
     """How the sgmv segments lie in the rows; all False in the canonical layout (back to back from row 0)."""
+    if not (case.seq_starts or case.num_rows):  # canonical, said without the prefix sums (thousands of sequences)
+        return dict.fromkeys(("seg_permuted", "seg_gap", "seg_late_start", "uncovered_rows"), False)
     starts = case.segment_starts
     in_rows = sorted(zip(starts, case.seq_lens))
     return {
@@ -149,6 +156,15 @@ def _reads(case: Case, knob: str) -> bool:
 
     spec = OP_SPECS.get(case.op)
     return spec is not None and knob in spec.knobs
+
+
+def _op_rows(case: Case) -> int:
+    """The rows one call of the case's op handles per (token, choice): its sampled rows for an op whose rows are
+    those (``OpSpec.rows``), else its tokens (an MoE op's pairs are top_k per token)."""
+    from conformance.ops import OP_SPECS
+
+    spec = OP_SPECS.get(case.op)
+    return len(case.sampled_slots) if spec is not None and spec.rows == "sampled" else case.num_tokens
 
 
 def _fills_whole_blocks(case: Case) -> bool:

@@ -27,6 +27,10 @@ from .limits import Limits
 
 POWER_OF_TWO_RANKS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 ODD_RANKS = (1, 3, 5, 7, 12, 20, 33, 49, 100, 200, 250)
+# The max_lora_rank values vLLM accepts (vllm/config/lora.py, 0.32 and 0.33); the families draw the stack's
+# rank R freely below 256 (POWER_OF_TWO_RANKS, ODD_RANKS), 256 itself (rank_max) and those above (rank_512).
+VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+RANKS_ABOVE_256 = tuple(r for r in VLLM_MAX_LORA_RANKS if r > 256)  # 320 (no power of two) and 512, vLLM's largest
 
 
 class Family:
@@ -295,7 +299,8 @@ class RankOdd(Family):
 
 
 class RankMax(Family):
-    name, doc = "rank_max", "the largest rank vLLM supports (256)"
+    # 256 was vLLM's largest max_lora_rank before 320 and 512 (rank_512); kept as it was, so its draws stay.
+    name, doc = "rank_max", "rank 256, the largest power-of-two rank below vLLM's 320 and 512"
     about_values = True
 
     def max_rank(self, draw, limits: Limits) -> int:
@@ -666,9 +671,97 @@ class MoENaiveBlocks(MoEFamily):
         return True
 
 
+# -- added after the families above, last in FAMILIES: their combinations have seeds of their own, and no
+# earlier family's draws moved (docs/cases.md) ----------------------------------------------------------
+
+
+class Rank512(Family):
+    """A stack rank above 256: 320 (no power of two: a kernel that pads or tiles the rank to a power of two,
+    or sizes a buffer for 256, reads or writes past it) or 512, the largest ``max_lora_rank`` vLLM accepts.
+    The shrink buffer ``[S, T, R]`` is then 320 or 512 float32 columns wide."""
+
+    name, doc, feature = "rank_512", "a stack rank above 256: 320 or 512 (vLLM's largest max_lora_rank)", "rank_512"
+    about_values = True
+
+    def num_slots(self, draw, limits: Limits) -> int:
+        # at most 4 slots (and 4 experts): the mask math's columns grow with L·R (L·E·R for the MoE ops)
+        return draw(st.integers(1, min(limits.max_slots, 4)))
+
+    def max_rank(self, draw, limits: Limits) -> int:
+        return draw(st.sampled_from(RANKS_ABOVE_256))
+
+    def affordable(self, limits, max_rank, ranks):
+        return _small_products(limits), max_rank, ranks
+
+    def num_experts(self, draw, limits: Limits) -> int:
+        return draw(st.integers(2, max(2, min(limits.max_experts, 4))))
+
+
+class LongBatch(Family):
+    """More than 2,048 tokens in one call, up to vLLM's default ``max_num_batched_tokens`` (8,192): a kernel
+    whose grid, tile loop or buffer is sized for 2,048 rows passes every shorter batch. The other sizes stay
+    small (≤ 4 slots, rank ≤ 16, 8–32 features, slices of 1–32 columns), so a case costs little more than its rows, and
+    the last sequence, which holds the rows beyond 2,048, always has an adapter. The MoE ops route at most
+    ``MOE_MAX_LONG_TOKENS`` tokens with one choice each (``Limits.for_moe``). The ops whose rows are the
+    sampled rows (logits, classification heads) get ``long_sampled`` instead."""
+
+    name, doc, feature = "long_batch", "more than 2,048 tokens (up to 8,192; 3,584 routed ones for the MoE ops)", "long_batch"
+
+    def applies_to(self, spec: OpSpec, dtype: str) -> bool:
+        return super().applies_to(spec, dtype) and spec.rows != "sampled"
+
+    def num_slots(self, draw, limits: Limits) -> int:
+        return draw(st.integers(1, min(limits.max_slots, 4)))
+
+    def sequence_lengths(self, draw, limits: Limits) -> tuple[int, ...]:
+        low, high = limits.long_batch
+        count = draw(st.integers(1, 4))
+        return tuple(draw(st.lists(st.integers(-(-low // count), high // count), min_size=count, max_size=count)))
+
+    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
+        if slots[-1] == -1:  # the rows beyond 2,048 lie in the last sequence: they must read an adapter
+            slots[-1] = draw(st.integers(0, num_slots - 1))
+        return slots
+
+    def affordable(self, limits, max_rank, ranks):
+        return _long_rows(limits), min(max_rank, 16), tuple(min(r, 16) for r in ranks)
+
+    def num_experts(self, draw, limits: Limits) -> int:
+        return draw(st.integers(2, max(2, min(limits.max_experts, 4))))
+
+    def top_k(self, draw, experts: int) -> int:
+        return 1  # every token's choice is drawn by Hypothesis: one each keeps a long batch inside its buffer
+
+
+class LongSampled(LongBatch):
+    """The same for the ops whose rows are the sampled rows: more than 2,048 of them in one call, as the
+    logits of prompt logprobs (every prompt token a row) or a large pooling batch give. One token per
+    sequence, their slots a short drawn pattern repeated (one draw per row would overrun Hypothesis' buffer),
+    the last row with an adapter."""
+
+    name, doc = "long_sampled", "more than 2,048 sampled rows (logits of prompt logprobs, classification heads)"
+
+    def applies_to(self, spec: OpSpec, dtype: str) -> bool:
+        return Family.applies_to(self, spec, dtype) and spec.rows == "sampled"
+
+    def sequence_lengths(self, draw, limits: Limits) -> tuple[int, ...]:
+        low, high = limits.long_batch
+        return (1,) * draw(st.integers(low, high))
+
+    def _slots(self, draw, num_seqs: int, num_slots: int) -> list[int]:
+        pattern = draw(st.lists(st.integers(-1, num_slots - 1), min_size=1, max_size=8))
+        return [pattern[i % len(pattern)] for i in range(num_seqs)]
+
+
 def _small_products(limits: Limits) -> Limits:
     """Limits that keep the products of a thousand tokens, or of rank 256, affordable."""
-    return Limits(limits.max_slots, limits.max_seqs, limits.max_seq_len, 64, 64, 16, limits.large_t, 1, min(limits.max_experts, 8))
+    return Limits(limits.max_slots, limits.max_seqs, limits.max_seq_len, 64, 64, 16, limits.large_t, 1, min(limits.max_experts, 8),
+                  limits.long_batch)
+
+
+def _long_rows(limits: Limits) -> Limits:
+    """Limits that keep a batch of up to 8,192 rows cheap: what it costs grows with rows × columns."""
+    return replace(_small_products(limits), max_hidden=32, max_width=32)
 
 
 FAMILIES: dict[str, Family] = {
@@ -679,7 +772,7 @@ FAMILIES: dict[str, Family] = {
         NoAddInputs(), Scaled(), Fp32Input(), Bias(), FourDStacks(), Decode(), Positive(), SegPermuted(), SegGaps(),
         MoEWideTopK(), MoEManyExperts(), MoEHotExpert(), MoEDuplicateRouting(), MoEZeroWeight(), MoENonLocal(),
         MoEDisabledSlot(), MoEFullBlock(), MoESharedExperts(), MoEFusedSlice(), MoERoutedWeight(), MoENaiveBlocks(),
-        ModuleDisabled(),
+        ModuleDisabled(), Rank512(), LongBatch(), LongSampled(),
     )
 }  # fmt: skip
 

@@ -1,9 +1,11 @@
 """Profiles: how many cases of each op × dtype × family a run holds, and how big they may be.
 
-* ``smoke``: one random case per op × dtype × applicable family; about a minute on 2 cores.
+* ``smoke``: one random case per op × dtype × applicable family; about a minute on 2 cores. Its long
+  batches stay just above 2,048 rows (``Limits.long_batch``).
 * ``standard`` (default): the simplest and four random cases per combination, larger sizes (5,000+
-  op cases; within 5 minutes with ``-n 2`` on 2 cores, docs/benchmarks-suite.md).
-* ``release``: ten per combination, release-size shapes (8k tokens, rank 256); shard it.
+  op cases, batches of up to 8,192 rows, ranks up to 512; within 5 minutes with ``-n 2`` on 2 cores,
+  docs/profiles.md, docs/benchmarks-suite.md).
+* ``release``: ten per combination, release-size shapes (8k tokens, ranks up to 512); shard it.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from collections import Counter
@@ -24,8 +25,9 @@ from pathlib import Path
 import pytest
 
 from conformance.cases import DTYPES, ODD_HIDDEN_SIZES, REAL_HIDDEN_SIZES, Case, case_features
-from conformance.cases.features import LARGE_T
+from conformance.cases.features import LARGE_T, LONG_BATCH
 from conformance.generator import FAMILIES, PROFILES, cases, draw_examples, families_for, profile_cases
+from conformance.generator.limits import MOE_MAX_LONG_TOKENS
 from conformance.ops import OP_SPECS
 from conformance.ops.kernel import shrink_written
 
@@ -155,7 +157,7 @@ def test_standard_profile_token_counts(standard):
 
 def test_standard_profile_ranks(standard):
     max_ranks = {case.max_rank for _, case in standard}
-    assert {1, 256} <= max_ranks
+    assert {1, 256, 320, 512} <= max_ranks  # 320 and 512: vLLM's max_lora_rank values above 256
     assert any(rank % 16 for rank in max_ranks), "no rank that is not a multiple of 16"
     assert any("rank_padded" in case_features(case) for _, case in standard), "no adapter below the max rank"
 
@@ -182,6 +184,88 @@ def test_standard_profile_flags(standard):
     fp32_input_dtypes = {case.dtype for _, case in standard if "fp32_input" in case_features(case)}
     assert fp32_input_dtypes == {"float16", "bfloat16"}
     assert any(case.scale != 1.0 for _, case in standard)
+
+
+# -- (c2) ranks above 256 and batches above 2,048 rows (issue 23) -----------------------------------
+
+LONG_FAMILIES = ("long_batch", "long_sampled")
+
+
+def op_rows(case: Case) -> int:
+    """The rows one call of the case's op handles: its sampled rows for the logits and heads, else its tokens."""
+    return len(case.sampled_slots) if OP_SPECS[case.op].rows == "sampled" else case.num_tokens
+
+
+def test_rank_512_draws_ranks_320_and_512_and_keeps_the_rest_small(profile):
+    drawn = [case for _, case in profile if case.family == "rank_512"]
+    assert {case.op for case in drawn} == {op for op, spec in OP_SPECS.items() if spec.check is None}  # not the alignment
+    assert {case.max_rank for case in drawn} == {320, 512}
+    for case in drawn:
+        assert case.num_slots <= 4 and case.hidden_size <= 64 and max(case.output_slices) <= 64
+        assert case.num_experts <= 4
+
+
+def test_standard_profile_draws_both_large_ranks_for_every_op(standard):
+    ranks: dict[str, set[int]] = {}
+    for _, case in standard:
+        if case.family == "rank_512":
+            ranks.setdefault(case.op, set()).add(case.max_rank)
+    assert ranks and all(found == {320, 512} for found in ranks.values()), ranks
+
+
+def test_every_op_gets_batches_beyond_2048_rows(profile):
+    long = [case for _, case in profile if "long_batch" in case_features(case)]
+    assert {case.op for case in long} == set(OP_SPECS)
+    assert all(op_rows(case) > LONG_BATCH for case in long)
+    # only the long families reach them in smoke and standard; the rows beyond 2,048 read an adapter
+    assert {case.family for case in long} == set(LONG_FAMILIES)
+    assert all(case.seq_slots[-1] != -1 for case in long)
+
+
+def test_long_batches_reach_8192_rows_with_small_other_sizes(standard):
+    long = [case for _, case in standard if case.family in LONG_FAMILIES]
+    routed = [case for case in long if case.is_moe]
+    dense = [case for case in long if not case.is_moe]
+    assert 6144 < max(op_rows(case) for case in dense) <= 8192
+    # the MoE ops: every choice is drawn by Hypothesis, so one choice per token and at most 3,584 tokens
+    assert {case.top_k for case in routed} == {1}
+    assert 3072 < max(case.num_tokens for case in routed) <= MOE_MAX_LONG_TOKENS
+    for case in long:
+        assert case.max_rank <= 16 and case.num_slots <= 4 and case.num_experts <= 4, case
+        assert case.hidden_size <= 32 and max(case.output_slices) <= 32, case
+
+
+def test_smoke_long_batches_stay_just_above_2048_rows(smoke):
+    rows = [op_rows(case) for _, case in smoke if case.family in LONG_FAMILIES]
+    assert rows and LONG_BATCH < min(rows) and max(rows) <= PROFILES["smoke"].limits.long_batch[1]
+
+
+def test_the_largest_long_moe_batch_fits_hypothesis_buffer():
+    """A long MoE batch at its most tokens draws within Hypothesis' choice buffer: were it to overrun, every
+    such draw would be thrown away, and a combination left without one fails after minutes of retries."""
+    from hypothesis.errors import StopTest
+    from hypothesis.internal.conjecture.data import ConjectureData, Status
+
+    from conformance.generator.families import LongBatch
+
+    class Longest(LongBatch):
+        name = "tests_longest_moe_batch"
+
+        def sequence_lengths(self, draw, limits):
+            high = limits.long_batch[1]
+            return (high // 4,) * 3 + (high - 3 * (high // 4),)
+
+    FAMILIES[Longest.name] = Longest()
+    try:
+        for op in [op for op, spec in OP_SPECS.items() if "routing" in spec.knobs]:
+            data = ConjectureData(random=random.Random(0))
+            try:
+                case = data.draw(cases(OP_SPECS[op], "float32", Longest.name, PROFILES["standard"].limits))
+            except StopTest:
+                pytest.fail(f"{op}: a long MoE batch of {MOE_MAX_LONG_TOKENS} tokens overran Hypothesis' buffer")
+            assert data.status is not Status.OVERRUN and case.num_tokens == MOE_MAX_LONG_TOKENS
+    finally:
+        del FAMILIES[Longest.name]
 
 
 # -- (d) deterministic drawing, unique ids -------------------------------------------------------
