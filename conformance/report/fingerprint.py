@@ -22,6 +22,7 @@ fingerprint never initialises a runtime (or claims a device) that the run did no
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -97,16 +98,19 @@ def package_versions() -> dict[str, str]:
 
 
 def _vllm_cpu_ops(environ=None) -> str | None:
-    """What ``LORA_CONFORMANCE_VLLM_CPU_OPS`` swaps into the ``cpu`` target, or None where it is unset."""
-    from conformance.targets._vllm import CPU_OPS_ENV, read_cpu_ops
+    """What ``LORA_CONFORMANCE_VLLM_CPU_OPS`` swaps into the ``cpu`` target, or None where it is unset.
 
-    directory = (os.environ if environ is None else environ).get(CPU_OPS_ENV, "")
+    Read from the directory's manifest here, not through the target's module: the referee's process
+    imports no target (tests/test_layers.py). The ``cpu`` target checks the directory in full when it
+    starts, and refuses to run a directory that does not match its manifest."""
+    directory = (os.environ if environ is None else environ).get("LORA_CONFORMANCE_VLLM_CPU_OPS", "")
     if not directory:
         return None
     try:
-        return read_cpu_ops(directory).summary()
-    except Exception as exc:  # noqa: BLE001 - a fingerprint must never fail the run it describes
-        return f"unreadable: {exc}"
+        manifest = json.loads((Path(directory) / "manifest.json").read_text())
+        return f"vllm {manifest['vllm_version']}'s CPU LoRA ops from {manifest['wheel']['file']}, in {directory}"
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # a fingerprint never fails the run it describes
+        return f"unreadable: {exc!r}"
 
 
 def device_description(device_type: str) -> dict[str, str]:
