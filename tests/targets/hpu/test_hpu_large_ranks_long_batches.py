@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_counting import CountingBackend, fresh_dynamo
 from profile_runs import run_profile
 
 from conformance.cases.features import LONG_BATCH
@@ -72,23 +73,10 @@ def test_batches_beyond_2048_rows_pass_on_every_op(op):
 # -- compiled graphs: what a large rank or a long batch costs in shapes --------------------------------
 
 
-class CountingBackend:
-    """A torch.compile backend that counts the graphs it is handed and runs them as traced."""
-
-    def __init__(self) -> None:
-        self.graphs = 0
-
-    def __call__(self, graph_module, example_inputs):
-        self.graphs += 1
-        return graph_module.forward
-
-
 @pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    with torch._dynamo.config.patch(recompile_limit=64, accumulated_recompile_limit=1024):
+def dynamo_reset():
+    with fresh_dynamo():
         yield
-    torch._dynamo.reset()
 
 
 L, H, N, E = 2, 16, 24, 2
@@ -134,7 +122,7 @@ def _graphs(rank: int, variant: str = "mask") -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("variant", ["mask", "gather"])
-def test_a_large_rank_compiles_the_graphs_of_a_small_one_and_never_recompiles_in_a_bucket(fresh_dynamo, variant):
+def test_a_large_rank_compiles_the_graphs_of_a_small_one_and_never_recompiles_in_a_bucket(dynamo_reset, variant):
     small_warm, small_all = _graphs(8, variant)
     assert small_warm > 0 and small_all == small_warm
     for rank in LARGE_RANKS:
@@ -144,7 +132,7 @@ def test_a_large_rank_compiles_the_graphs_of_a_small_one_and_never_recompiles_in
         assert _graphs(rank, variant) == (small_warm, small_warm), f"rank {rank}"
 
 
-def test_long_batches_fall_into_two_buckets_and_share_their_graphs(fresh_dynamo):
+def test_long_batches_fall_into_two_buckets_and_share_their_graphs(dynamo_reset):
     low, high = PROFILES["standard"].limits.long_batch  # the rows of the long_batch and long_sampled families
     assert {BucketPolicy().bucket(rows) for rows in range(low, high + 1)} == {4096, 8192}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_counting import CountingBackend, fresh_dynamo
 
 from conformance.targets.hpu import BucketPolicy, HpuPunicaWrapper, LoRAEngine
 from conformance.targets.hpu.device import CpuDeviceLayer
@@ -22,17 +23,6 @@ SLICES = (32, 16)  # unequal packed slices (GQA-like)
 D = V = 32  # embedding width, logits vocabulary
 SCALE = 0.5
 DTYPE = torch.bfloat16
-
-
-class CountingBackend:
-    """A torch.compile backend that records every graph it is handed and runs it as traced."""
-
-    def __init__(self) -> None:
-        self.graphs = 0
-
-    def __call__(self, graph_module, example_inputs):
-        self.graphs += 1
-        return graph_module.forward
 
 
 def weights(gen: torch.Generator) -> dict:
@@ -80,12 +70,9 @@ SAME_BUCKET = [
 
 
 @pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    # A hit recompile limit would silently fall back to eager and freeze the counter: keep it out of reach.
-    with torch._dynamo.config.patch(recompile_limit=64, accumulated_recompile_limit=1024):
+def dynamo_reset():
+    with fresh_dynamo():
         yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("variant", ["mask", "gather"])
