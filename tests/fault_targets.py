@@ -1141,6 +1141,45 @@ DELTA_GAIN_FAULTS: tuple[type[DeltaGain], ...] = (
 """Systematic errors of 1–2 % in the delta, one op and one dtype each: the smoke profile must catch every one."""
 
 
+class LinearScaleRoundedToDtype(LinearDeltaGain):
+    """Base of the sub-ulp systematic faults: ``add_lora_linear``'s LoRA scale rounded to the activation
+    dtype before use (a kernel that takes ``scale`` as a ``bf16``/``fp16`` argument, or multiplies it
+    into a tensor of that dtype first). ``alpha / r = 4/3`` (alpha 16 and rank 12, 32 and 24; also 1/3,
+    2/3, 8/3) rounds to exactly ``(1 + 2⁻⁹) · 4/3`` in bfloat16 and ``(1 − 2⁻¹²) · 4/3`` in float16:
+    half a unit roundoff of the dtype, in every element. The generator draws scales those dtypes hold
+    exactly (0.5, 2, 0.125, 3.75), where rounding them changes nothing, so the fault applies the gain
+    of 4/3 rounded whatever the case's scale (``DeltaGain``: the expand's float32 accumulator, not
+    the LoRA bias). Each element is off by half an ulp of its delta at most, inside the budget; the
+    systematic-error rule sees it where the case has enough rows to average the per-row rounding of
+    the intermediate out (docs/verdict.md, rule 4)."""
+
+
+def scale_rounded_fault(dtype: torch.dtype, gain: float) -> type[LinearScaleRoundedToDtype]:
+    short = DTYPE_SHORT[dtype]
+    return type(
+        f"LinearScaleRoundedTo_{short}",
+        (LinearScaleRoundedToDtype,),
+        {
+            "name": f"fault-scale-rounded-to-{short}-add_lora_linear-{short}",
+            "dtype": dtype,
+            "gain": gain,
+            "__doc__": (f"add_lora_linear's scale 4/3 rounded to {short}: the LoRA delta {gain:+.4%} off "
+                        f"(see LinearScaleRoundedToDtype).\n\n{LinearScaleRoundedToDtype.__doc__}"),
+            "__module__": __name__,
+        },
+    )
+
+
+SUB_ULP_GAIN_FAULTS: tuple[type[LinearScaleRoundedToDtype], ...] = (
+    scale_rounded_fault(torch.bfloat16, 2**-9),  # 4/3 → 1.3359375
+    scale_rounded_fault(torch.float16, -(2**-12)),  # 4/3 → 1.3330078
+)
+"""Systematic errors of half a unit roundoff in the delta (a scale rounded to the dtype): the rule of
+docs/verdict.md catches them from about 150 rows on, in the smoke profile its ``large_t`` and
+``long_batch`` cases of ``add_lora_linear`` (all ten of the standard profile's); fewer rows cannot tell
+them from the rounding of a rank-1 intermediate. In ``FAULTS``: the smoke profile catches them."""
+
+
 FAULTS: tuple[type[PlainTorchTarget], ...] = (
     NegativeIndexIsLastSlot,
     SlotIdUsedAsSlot,
@@ -1182,6 +1221,7 @@ FAULTS: tuple[type[PlainTorchTarget], ...] = (
     MoEAlignUnusedBlocksKeepLastExpert,
     MoEAlignIgnoresExpertMap,
     *DELTA_GAIN_FAULTS,
+    *SUB_ULP_GAIN_FAULTS,
 )
 """Faults the smoke profile must catch (at least one case ends FAIL)."""
 

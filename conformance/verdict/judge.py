@@ -23,7 +23,7 @@ import torch
 
 from .failure_kind import FailureKind
 from .metrics import bitwise_differences, max_abs_error, max_ulp_error, sqnr_db
-from .systematic import DeltaBias, delta_bias, row_groups
+from .systematic import DeltaBias, correctly_rounded, delta_bias, row_groups
 from .tolerances import systematic_threshold_for, tolerance_for
 
 
@@ -177,7 +177,12 @@ def _largest(values: torch.Tensor) -> float:
 
 @dataclass(frozen=True)
 class _Systematic:
-    """The target's and the baseline's bias on one case, and the threshold of the output dtype."""
+    """The target's and the baseline's bias on one case, and the threshold of the output dtype.
+
+    Flagged when the target's bias is past the threshold both from the correctly rounded oracle and
+    from the baseline's bias: a bias the baseline has on the same inputs is one that rounding them
+    correctly gives (rounding the products of a rank-1 delta whose LoRA-B entry lies just below a
+    power of two moves every row the same way, by up to −0.45 u), not the target's."""
 
     target: DeltaBias
     baseline: DeltaBias | None
@@ -186,35 +191,46 @@ class _Systematic:
     z: float
 
     @property
+    def excess(self) -> float:
+        """``min(|α|, |α − α_baseline|)``: the bias beyond both the correct result and the baseline's."""
+        return min(abs(self.target.bias), abs(self.target.bias - self.baseline.bias)) if self.baseline else abs(self.target.bias)
+
+    @property
     def flagged(self) -> bool:
-        return abs(self.target.bias) > self.threshold
+        return self.excess > self.threshold
 
     def fields(self) -> dict:
         return {
             "delta_bias": self.target.bias,
             "delta_bias_se": self.target.standard_error,
             "delta_bias_threshold": self.threshold,
-            "systematic_ratio": abs(self.target.bias) / self.threshold,
+            "systematic_ratio": self.excess / self.threshold,
             "baseline_delta_bias": self.baseline.bias if self.baseline else None,
         }
 
     def text(self) -> str:
-        baseline = f"{self.baseline.bias:+.3%}" if self.baseline else "undefined"
+        baseline = _percent(self.baseline.bias, "+") if self.baseline else "undefined"
         return (
-            f"systematic error in the delta: the error is {self.target.bias:+.3%} of the LoRA delta "
-            f"({self.target.significance:.1f} standard errors of rounding), past the threshold {self.threshold:.3%} "
-            f"= max(min bias {self.min_bias:.3%}, {self.z:g} × SE {self.target.standard_error:.3%}); "
-            f"the baseline's bias is {baseline}"
+            f"systematic error in the delta: the error is {_percent(self.target.bias, '+')} of the LoRA delta "
+            f"({self.target.significance:.1f} standard errors of rounding; the baseline's bias is {baseline}), "
+            f"past the threshold {_percent(self.threshold)} = max(min bias {_percent(self.min_bias)}, "
+            f"{self.z:g} × SE {_percent(self.target.standard_error)}) from both"
         )
+
+
+def _percent(fraction: float, sign: str = "") -> str:
+    """Three significant digits, in percent: float16's biases are hundredths of a percent."""
+    return f"{fraction * 100:{sign}.3g}%"
 
 
 def _systematic(a, o, b, d, m, rows, dtype: torch.dtype) -> _Systematic | None:
     """The bias along the delta ``d`` of the result ``a``'s error and of the baseline ``b``'s (1-D, over
     the written elements where the result and the oracle ``o`` are finite; ``m`` the magnitude there, or
     None), and the dtype's threshold; None where the delta is zero (nothing to be proportional to)."""
-    target = delta_bias(a - o, d, o, rows, dtype, m)
+    nearest = correctly_rounded(o, dtype)  # every correct result's error along d includes the oracle's own rounding
+    target = delta_bias(a - nearest, d, o, rows, dtype, m)
     if target is None:
         return None
-    baseline = delta_bias((b - o).nan_to_num(0.0, 0.0, 0.0), d, o, rows, dtype, m)  # a baseline that overflowed
+    baseline = delta_bias((b - nearest).nan_to_num(0.0, 0.0, 0.0), d, o, rows, dtype, m)  # a baseline that overflowed
     rule = systematic_threshold_for(dtype)
     return _Systematic(target, baseline, max(rule.min_bias, rule.z * target.standard_error), rule.min_bias, rule.z)

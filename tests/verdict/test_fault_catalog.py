@@ -3,7 +3,10 @@
 Each fault of ``fault_targets.FAULTS`` (the systematic ones, a delta one or two percent off, among
 them) runs over the smoke profile (run seed 0, drawn once per
 module), cheapest cases first, until one case ends FAIL; the case that caught it is recorded (user
-property ``caught_by``) and printed (``pytest -rP`` shows it). Faults the suite cannot catch today
+property ``caught_by``) and printed (``pytest -rP`` shows it). The sub-ulp ones (a scale rounded to
+the dtype: half a unit roundoff) are caught only by cases of a thousand rows or more, the ``large_t``
+and ``long_batch`` families', in the smoke profile as in the standard one; their own test below runs their op's cases of
+both profiles, and the whole-profile walk runs in the calibration tier (``slow``). Faults the suite cannot catch today
 are strict xfails with the reason: when the suite learns to catch one, its test turns red so the
 entry moves to ``FAULTS``.
 
@@ -14,15 +17,25 @@ GPU wrapper; sgmv/bgmv and the naive MoE block assignment like its CPU wrapper's
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
-from fault_targets import DELTA_GAIN_FAULTS, FAULTS, UNCAUGHT_BY_DESIGN, PlainTorchClassicTarget, PlainTorchTarget
+from fault_targets import (
+    DELTA_GAIN_FAULTS,
+    FAULTS,
+    SUB_ULP_GAIN_FAULTS,
+    UNCAUGHT_BY_DESIGN,
+    PlainTorchClassicTarget,
+    PlainTorchTarget,
+)
 
 from conformance.cases import Case
 from conformance.generator.profiles import profile_cases
 from conformance.runner import CaseResult, run_case
 from conformance.targets import KERNEL_OPS, WRAPPER_OPS
 from conformance.verdict import FailureKind, Outcome
+from conformance.verdict.tolerances import SYSTEMATIC_THRESHOLDS
 
 
 def _cost(case: Case) -> int:
@@ -52,7 +65,12 @@ def _summary(fault) -> str:
 
 
 def _fault_params():
-    caught = [pytest.param(fault, id=fault.name.removeprefix("fault-")) for fault in FAULTS]
+    # A sub-ulp gain is caught by the smoke profile's large_t case of its op, one of its costliest:
+    # cheapest first, that is nearly the whole profile (test_a_sub_ulp_gain_… below runs its op alone).
+    caught = [
+        pytest.param(fault, id=fault.name.removeprefix("fault-"), marks=(pytest.mark.slow,) if fault in SUB_ULP_GAIN_FAULTS else ())
+        for fault in FAULTS
+    ]
     uncaught = [
         pytest.param(
             fault,
@@ -93,6 +111,39 @@ def test_a_delta_gain_is_measured_as_its_bias_and_in_bfloat16_only_the_systemati
     assert result.measurement.delta_bias == pytest.approx(fault.gain, rel=0.3)
     if fault.dtype == torch.bfloat16:
         assert result.kinds == (FailureKind.SYSTEMATIC,) and result.measurement.budget_ratio < 1
+
+
+@pytest.mark.parametrize("profile", ["smoke", "standard"])
+@pytest.mark.parametrize("fault", [pytest.param(fault, id=fault.name.removeprefix("fault-")) for fault in SUB_ULP_GAIN_FAULTS])
+def test_a_sub_ulp_gain_is_caught_by_every_large_case_of_its_op_for_systematic_error_alone(fault, profile):
+    """Half a unit roundoff in every element (``alpha / r = 4/3`` rounded to the dtype): the elementwise
+    budget cannot see it, and the systematic-error rule only where the case has rows enough to average
+    the rounding of a rank-1 intermediate out (``SE ≈ u / √rows``): the ``large_t`` and ``long_batch``
+    cases, a thousand tokens or more (one of each in the smoke profile, five in the standard one), and
+    every one of them. Each catching case fails for systematic error alone and measures the gain as
+    its bias."""
+    op, dtype = fault.gained_op, str(fault.dtype).removeprefix("torch.")
+    results = [run_case(fault(), case, case_id) for case_id, case in profile_cases(profile, ops=(op,), dtypes=(dtype,))]
+    failed = [r for r in results if r.outcome is Outcome.FAIL]
+    large = [r for r in results if {"large_t", "long_batch"} & r.features]  # a thousand rows and more
+    assert large and all(r.outcome is Outcome.FAIL for r in large), [r.case_id for r in large if r.outcome is not Outcome.FAIL]
+    for result in failed:
+        assert result.kinds == (FailureKind.SYSTEMATIC,) and result.measurement.budget_ratio < 1, result.message
+        assert result.measurement.delta_bias == pytest.approx(fault.gain, rel=0.3), result.case_id
+
+
+@pytest.mark.parametrize("fault", [pytest.param(fault, id=fault.name.removeprefix("fault-")) for fault in SUB_ULP_GAIN_FAULTS])
+def test_the_rule_before_issue_23_let_a_sub_ulp_gain_through(fault, monkeypatch):
+    """The thresholds the rule had before (``min_bias`` 0.5 % in bfloat16, 0.1 % in float16: a bias of a
+    unit roundoff or two, whatever the rows) pass the smoke case that catches the fault now."""
+    op, dtype = fault.gained_op, str(fault.dtype).removeprefix("torch.")
+    case_id, case = next((i, c) for i, c in profile_cases("smoke", ops=(op,), dtypes=(dtype,)) if c.family == "large_t")
+    assert run_case(fault(), case, case_id).outcome is Outcome.FAIL
+    before = {torch.bfloat16: 5e-3, torch.float16: 1e-3}
+    for dt, min_bias in before.items():
+        monkeypatch.setitem(SYSTEMATIC_THRESHOLDS, dt, replace(SYSTEMATIC_THRESHOLDS[dt], min_bias=min_bias))
+    result = run_case(fault(), case, case_id)
+    assert result.outcome is Outcome.PASS and result.measurement.systematic_ratio < 0.5
 
 
 # -- the correct target ---------------------------------------------------------------------------

@@ -24,10 +24,10 @@ BF16 = torch.bfloat16
 UNIT_ROUNDOFF = torch.finfo(BF16).eps / 2  # 2⁻⁸
 
 
-def accumulated(rows: int, columns: int, seed: int = 0):
-    """``(y0, d, oracle, written)`` of an accumulating bfloat16 op with every element written."""
+def accumulated(rows: int, columns: int, seed: int = 0, dtype: torch.dtype = BF16):
+    """``(y0, d, oracle, written)`` of an accumulating op in ``dtype`` with every element written."""
     gen = torch.Generator().manual_seed(seed)
-    y0 = torch.randn(rows, columns, generator=gen, dtype=torch.float64).to(BF16)
+    y0 = torch.randn(rows, columns, generator=gen, dtype=torch.float64).to(dtype)
     d = torch.randn(rows, columns, generator=gen, dtype=torch.float64)
     return y0, d, y0.double() + d, torch.ones(rows, columns, dtype=torch.bool)
 
@@ -48,7 +48,9 @@ def test_a_one_percent_gain_fails_inside_the_budget():
     assert m.delta_bias == pytest.approx(0.01, abs=1e-3)
     assert abs(m.baseline_delta_bias) < 1e-3 and m.systematic_ratio > 1
     text = verdict.problems[0].text
-    assert f"{m.delta_bias:+.3%}" in text and f"{m.delta_bias_threshold:.3%}" in text and f"{m.baseline_delta_bias:+.3%}" in text
+    percent = "{:+.3g}%".format
+    assert percent(m.delta_bias * 100) in text and percent(m.baseline_delta_bias * 100) in text
+    assert f"{m.delta_bias_threshold * 100:.3g}%" in text
 
 
 def test_correct_rounding_is_not_flagged():
@@ -72,6 +74,67 @@ def test_a_bias_one_shared_rounding_explains_is_not_flagged_on_one_row_but_is_on
         verdict = judge(result(y0, d * (1 + bias)), oracle, result(y0, d), y0, written, d)
         assert verdict.measurement.delta_bias == pytest.approx(bias, rel=0.2)
         assert (FailureKind.SYSTEMATIC in [p.kind for p in verdict.problems]) is flagged
+
+
+@pytest.mark.parametrize(("dtype", "gain"), [(BF16, 2**-9), (torch.float16, -(2**-12))], ids=["bf16", "fp16"])
+def test_half_a_unit_roundoff_of_gain_is_flagged_on_a_thousand_rows_and_not_on_sixteen(dtype, gain):
+    """``alpha / r = 4/3`` rounded to the dtype: every element within half an ulp of its delta. With a
+    thousand rows the bias is many standard errors of rounding (each row's shared rounding averages
+    out); with sixteen it is not told from the rounding of a rank-1 intermediate, and is not judged."""
+    for rows, flagged in ((1024, True), (16, False)):
+        y0, d, oracle, written = accumulated(rows, 64, dtype=dtype)
+        verdict = judge(result(y0, d * (1 + gain)), oracle, result(y0, d), y0, written, d)
+        m = verdict.measurement
+        assert m.budget_ratio < 1 and m.delta_bias == pytest.approx(gain, rel=0.3 if flagged else 3)
+        assert [p.kind for p in verdict.problems] == ([FailureKind.SYSTEMATIC] if flagged else [])
+        if flagged:
+            assert m.delta_bias_threshold == SYSTEMATIC_THRESHOLDS[dtype].min_bias < abs(gain) / 1.5  # min_bias binds
+
+
+def test_the_oracle_rounded_to_the_dtype_is_where_the_error_is_measured_from():
+    """A positive base output and a positive delta of a few ulps, nearly the same everywhere (the
+    ``positive`` values with a small scale): rounding ``y0 + d`` moves every element of a binade the
+    same way, so even the correctly rounded result is −1.7 % of the delta off the exact oracle, at
+    many standard errors. That part is the oracle's own rounding, common to every correct result;
+    the bias is measured from the correctly rounded oracle, and a gain still shows on top of it."""
+    gen = torch.Generator().manual_seed(5)
+    y0 = (0.5 + 0.5 * torch.rand(512, 64, generator=gen, dtype=torch.float64)).to(BF16)
+    d = 0.0125 + 0.001 * torch.randn(512, 64, generator=gen, dtype=torch.float64)  # about 3.2 ulps of y0
+    oracle, written = y0.double() + d, torch.ones(512, 64, dtype=torch.bool)
+    correct = result(y0, d)
+    exact_error_bias = float(((correct.double() - oracle) * d).sum() / (d * d).sum())
+    assert exact_error_bias < -0.01  # what the rule read before: a bias of 1 % and more
+    verdict = judge(correct, oracle, correct, y0, written, d)
+    assert verdict.passed and abs(verdict.measurement.delta_bias) < 1e-3
+    faulty = judge(result(y0, d * 1.05), oracle, correct, y0, written, d)
+    assert [p.kind for p in faulty.problems] == [FailureKind.SYSTEMATIC]
+    assert faulty.measurement.delta_bias == pytest.approx(0.05, rel=0.3)
+
+
+def test_a_bias_the_baseline_shares_is_what_correct_rounding_gives_and_is_not_flagged():
+    """Rank 1, one output column whose LoRA-B entry is 255/128 (a mantissa of all ones, just below a
+    power of two): every product ``s · b`` rounds down by about half an ulp, so rounding the delta
+    correctly, as the baseline does, biases it by −0.45 u in every row, at many standard errors. The
+    rule asks for a bias past the threshold both from the correctly rounded oracle and from the
+    baseline: the baseline's rounding passes, so does a target that rounds once (no bias at all),
+    and a gain on top of the baseline's bias is still caught."""
+    gen = torch.Generator().manual_seed(3)
+    rows = 2048
+    y0 = torch.randn(rows, 1, generator=gen, dtype=torch.float64).to(BF16)
+    shrunk = torch.randn(rows, 1, generator=gen, dtype=torch.float64).to(BF16).double()  # the rank-1 intermediate
+    d = shrunk * (255 / 128)
+    oracle, written = y0.double() + d, torch.ones(rows, 1, dtype=torch.bool)
+    baseline = result(y0, d)  # the delta rounded, then added: vLLM's order
+    verdict = judge(baseline, oracle, baseline, y0, written, d)
+    m = verdict.measurement
+    assert m.delta_bias == pytest.approx(-0.45 * UNIT_ROUNDOFF, rel=0.1)
+    assert abs(m.delta_bias) > 1.2 * m.delta_bias_threshold  # past the threshold from the correctly rounded oracle
+    assert verdict.passed and m.systematic_ratio == 0  # but it is the baseline's own bias
+    rounded_once = (y0.double() + d).to(BF16)
+    assert judge(rounded_once, oracle, baseline, y0, written, d).passed
+    gained = judge(result(y0, d * 1.01), oracle, baseline, y0, written, d)
+    assert [p.kind for p in gained.problems] == [FailureKind.SYSTEMATIC]
+    assert gained.measurement.delta_bias == pytest.approx(0.01, rel=0.1)
 
 
 def test_outside_the_budget_the_kinds_stay_numerics_and_the_bias_is_recorded():
