@@ -1,7 +1,8 @@
 """``python -m benchmarks [all|ops|moe|suite] [--quick | --smoke-test] [--threads N] [--docs DIR]``.
 
 * ``ops``: the LoRA ops at Llama-3 shapes → ``docs/benchmarks.md`` (about 20 min; ``--quick`` a few);
-* ``moe``: the fused-MoE LoRA ops at Mixtral and Qwen3-MoE shapes → ``docs/benchmarks-moe.md`` (about 10 min; ``--quick``: T 1 and 64);
+* ``moe``: the fused-MoE LoRA ops at Mixtral, Qwen3-MoE, DeepSeek-V3 and gpt-oss shapes → ``docs/benchmarks-moe.md``
+  (``--quick``: T 1 and 64; ``--models``, ``--implementations``, ``--tokens``: a subset, said so in the page);
 * ``suite``: the suite's wall time on hpu-emulated → ``docs/benchmarks-suite.md`` (``--quick``: smoke only);
 * ``all`` (default): all three;
 * ``--smoke-test``: tiny shapes and no suite runs, in-process, into ``--docs`` (CI checks the code path).
@@ -29,7 +30,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch threads for the op measurements (default 1: the machine is shared, and "
                              "OpenMP threads competing with other jobs for 2 cores measure the contention)")
     parser.add_argument("--docs", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
-    parser.add_argument("--tokens", default=None, help="ops/moe subset: T values, comma-separated (default 1,64,2048,8192; moe 1,64,2048)")
+    parser.add_argument("--tokens", default=None, help="ops/moe subset: T values, comma-separated (default 1,64,2048,8192)")
+    parser.add_argument("--models", default=None, help="moe subset: models, comma-separated (default all of benchmarks.moe.SHAPES)")
+    parser.add_argument("--seconds-cap", type=float, default=None,
+                        help="moe: skip a combination whose predicted call time (skip rule's model) exceeds this (default 120)")
+    parser.add_argument("--implementations", default=None,
+                        help="moe subset: implementations, comma-separated (default all of benchmarks.moe_workload.IMPLEMENTATIONS)")
     parser.add_argument("--adapters", default=None, help="op subset: adapter counts, comma-separated (default 1,8)")
     parser.add_argument("--profiles", default=None, help="suite profiles, comma-separated (default smoke,standard,release)")
     args = parser.parse_args(argv)
@@ -52,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         plan = moe.SMOKE_TEST if args.smoke_test else moe.QUICK if args.quick else moe.FULL
         if args.tokens:
             plan = replace(plan, tokens=tuple(int(t) for t in args.tokens.split(",")))
+        if args.models:
+            plan = replace(plan, shapes=[shape for shape in plan.shapes if shape[0] in args.models.split(",")])
+        if args.implementations:
+            plan = replace(plan, implementations=tuple(i for i in plan.implementations if i in args.implementations.split(",")))
+        if args.seconds_cap:
+            plan = replace(plan, seconds_cap=args.seconds_cap)
         start = time.perf_counter()
         gemm = None if args.smoke_test else moe.gemm_rate(args.threads)
         results, skipped = moe.run(plan, args.threads, in_process=args.smoke_test)

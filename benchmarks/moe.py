@@ -1,4 +1,4 @@
-"""The MoE LoRA benchmark: ``add_lora_w13`` / ``add_lora_w2`` at Mixtral and Qwen3-MoE shapes → docs/benchmarks-moe.md.
+"""The MoE LoRA benchmark: ``add_lora_w13`` / ``add_lora_w2`` at Mixtral, Qwen3-MoE, DeepSeek-V3 and gpt-oss shapes → docs/benchmarks-moe.md.
 
 Plan: every (model, op, T, implementation). As in :mod:`benchmarks.ops`, a combination the model below
 predicts would not fit the memory cap or would run past the time cap is skipped and listed with the
@@ -15,7 +15,10 @@ of tokens with an adapter), ``K``/``N`` the input/output width of a slice, ``S``
   ``2·P_pad·L·E·R·(K + N)·S`` FLOPs (``L·E·P_pad/P_served`` times the grouped count), plus the
   ``[P_pad, L·E·R]`` intermediates and the ``[P_pad, N]`` write-back;
 * the gathers copy ``R·(K + N)`` weight elements per pair and slice (``P_pad`` pairs for the HPU
-  variant, ``P_served`` for the plain one).
+  variant, ``P_served`` for the plain one);
+* the grouped variant multiplies the ``B·b`` positions of its static block layout
+  (``grouped_moe.block_shape``: ``B`` blocks of ``b`` pairs, at most 1.5 ``P_pad``), ``2·B·b·R·(K + N)·S``
+  FLOPs, and gathers ``R·(K + N)`` weight elements per block and slice.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ from .moe_workload import ADAPTERS, IMPLEMENTATIONS, RANK, MoEWorkload
 SHAPES = [
     ("Mixtral-8x7B", 4096, 14336, 8, 2),
     ("Qwen3-30B-A3B", 2048, 768, 128, 8),
+    ("DeepSeek-V3", 7168, 2048, 256, 8),  # the routed experts (the shared expert is a dense layer)
+    ("gpt-oss-120b", 2880, 2880, 128, 4),
 ]
-TOKENS = (1, 64, 2048)
+TOKENS = (1, 64, 2048, 8192)
 OPS = ("w13", "w2")
 
 
@@ -113,13 +118,31 @@ def gathered_elements(w: MoEWorkload) -> int:
     return pairs * w.rank * (w.in_width + w.out_width) * w.slices
 
 
+def block_layout(w: MoEWorkload):
+    """The grouped variant's static blocks for this bucket (``grouped_moe.block_shape``)."""
+    from conformance.targets.hpu.grouped_moe import block_shape
+
+    return block_shape(padded_pairs(w), w.adapters * w.experts)
+
+
+def grouped_static_flops(w: MoEWorkload) -> int:
+    """What the grouped variant's two ``bmm`` compute: every position of its static layout, used or not."""
+    return 2 * block_layout(w).positions * w.rank * (w.in_width + w.out_width) * w.slices
+
+
+def grouped_gathered_elements(w: MoEWorkload) -> int:
+    """The weight elements the grouped variant gathers: one A and one B per block and slice."""
+    return block_layout(w).blocks * w.rank * (w.in_width + w.out_width) * w.slices
+
+
 # Seconds per unit on this machine class at one thread, calibrated on the first runs (first calls,
 # which fault in fresh pages; warm calls are up to 2× faster): float32 GEMM ~40 GFLOP/s; the mask
 # variant's elementwise passes per [P, L·E·R] and per [P, N] element; per gathered weight element.
 _GEMM_S_PER_FLOP = 25e-12
 _MASK_S_PER_INTERMEDIATE = 6e-9
 _MASK_S_PER_OUTPUT = 25e-9
-_GATHER_S_PER_ELEMENT = {"hpu-gather": 12e-9, "plain-gather": 6e-9}
+_GATHER_S_PER_ELEMENT = {"hpu-gather": 12e-9, "plain-gather": 6e-9, "hpu-grouped": 6e-9}
+_GROUPED_S_PER_ROW_ELEMENT = 10e-9  # the inputs gathered into blocks, the deltas gathered back, the write-back
 _REFERENCE_S_PER_GROUP = 1e-3  # per (slot, expert) group and slice: Python, indexing, the alignment
 
 
@@ -133,6 +156,12 @@ def predicted(w: MoEWorkload) -> tuple[int, float]:
         secs = (mask_flops(w) * _GEMM_S_PER_FLOP + p * virtual_columns(w) * s * _MASK_S_PER_INTERMEDIATE
                 + p * n * s * _MASK_S_PER_OUTPUT)
         return prepared + per_slice, secs
+    if w.implementation == "hpu-grouped":  # no cached copy: weights gathered per block in bf16, upcast there
+        p, layout = padded_pairs(w), block_layout(w)
+        per_slice = layout.blocks * w.rank * (k + n) * 6 + layout.positions * (w.rank + n) * 4 + p * n * 4 * 3
+        secs = (grouped_static_flops(w) * _GEMM_S_PER_FLOP + grouped_gathered_elements(w) * _GATHER_S_PER_ELEMENT["hpu-grouped"]
+                + (layout.positions * (k + n * s) + p * n * s) * _GROUPED_S_PER_ROW_ELEMENT)
+        return layout.positions * k * 4 + per_slice, secs
     if w.implementation == "hpu-gather":
         p = padded_pairs(w)
         return prepared + p * w.rank * max(k, n) * 4 + p * n * 4 * 3 + p * k * 6, gathered_elements(w) * _GATHER_S_PER_ELEMENT[w.implementation]
@@ -240,13 +269,14 @@ def report(results: list, skipped: list, plan: Plan, command: str, machine_lines
     measured = {w: r for w, r in results}
     not_run = {w: reason for w, reason in skipped}
     impls = plan.implementations
-    lines = ["# Benchmarks: the MoE LoRA ops at Mixtral and Qwen3-MoE shapes", "",
+    lines = ["# Benchmarks: the MoE LoRA ops at Mixtral, Qwen3-MoE, DeepSeek-V3 and gpt-oss shapes", "",
              "Written by `" + command + "` (the dense LoRA ops: [benchmarks.md](benchmarks.md); the MoE "
              "semantics: [moe.md](moe.md); what the HPU numbers mean for a Gaudi: [hpu.md](hpu.md), *MoE*).", "",
              *machine_lines,
              *([f"- float32 GEMM rate at the start (2048² products, same threads): {gemm_flops / 1e9:.0f} GFLOP/s"]
                if gemm_flops else []),
              *([f"- wall time of the whole run: {wall_s / 60:.1f} min"] if wall_s is not None else []), "",
+             *_subset_note(plan),
              "What is timed: one call of the wrapper method of docs/moe.md's contract, `add_lora_w13(y [T, top_k, 2I], "
              "x [T, H], …)` (gate and up as two slices of I, no routing weight) or `add_lora_w2(y [T, top_k, H], "
              f"x [T·top_k, I], …)` (one slice, routing weights applied), after `update_metadata`; L = {plan.adapters} "
@@ -257,7 +287,10 @@ def report(results: list, skipped: list, plan: Plan, command: str, machine_lines
              "Implementations: `reference-f64`: the golden reference (`PunicaWrapperReference`: "
              "`moe_lora_align_block_size` then `fused_moe_lora`, one matrix product per (slot, expert) group) "
              "with every input in float64; `reference-f32`: the same code with bfloat16 inputs, so float32 "
-             "accumulation; `hpu-mask`: the suite's Gaudi implementation on the CPU (`hpu-emulated`): every "
+             "accumulation; `hpu-grouped`: the suite's Gaudi implementation on the CPU (`hpu-emulated`, its "
+             "default MoE variant, `conformance/targets/hpu/grouped_moe.py`): the pairs sorted by (slot, expert) into "
+             "blocks of a static layout per bucket, one weight gather per block, two `bmm` over the blocks; "
+             "`hpu-mask`: the same target with `moe_variant=\"mask\"`: every "
              "(token, choice) pair a row, every (slot, expert) a virtual slot of the dense mask LoRA, GEMMs over "
              "all L·E·R columns; `hpu-gather`: its index_select variant (`hpu-emulated-gather`), each padded pair's "
              "(slot, expert) weights copied out; `plain-gather`: the comparison baseline "
@@ -267,8 +300,10 @@ def report(results: list, skipped: list, plan: Plan, command: str, machine_lines
              "one first call) · peak extra memory of the first call (each measurement in a fresh process; `VmHWM` "
              "after the first call minus `VmRSS` before it, as in benchmarks.md; it includes the HPU variants' "
              "float32 copies of the stacks, made once per adapter set). Pairs: T·top_k, and how many belong to "
-             "tokens with an adapter. Grouped FLOPs: 2·P_served·R·(K + N)·slices, the LoRA work itself; mask "
-             "FLOPs: 2·P_pad·L·E·R·(K + N)·slices, what the mask variant's GEMMs do.", ""]
+             "tokens with an adapter. Grouped FLOPs: 2·P_served·R·(K + N)·slices, the LoRA work itself (the FLOP "
+             "floor); mask FLOPs: 2·P_pad·L·E·R·(K + N)·slices, what the mask variant's GEMMs do; grouped static "
+             "FLOPs: 2·B·b·R·(K + N)·slices, what the grouped variant's `bmm` do over its B blocks of b positions "
+             "(`grouped_moe.block_shape`, shown as B × b).", ""]
     for model, hidden, intermediate, experts, top_k in plan.shapes:
         for op in plan.ops:
             what = f"H {hidden} → 2 × I {intermediate}" if op == "w13" else f"I {intermediate} → H {hidden}"
@@ -279,13 +314,19 @@ def report(results: list, skipped: list, plan: Plan, command: str, machine_lines
                 cells = [_cell(measured.get(replace(w0, implementation=i)), not_run.get(replace(w0, implementation=i)))
                          for i in impls]
                 get = {i: measured.get(replace(w0, implementation=i)) for i in impls}
+                layout = block_layout(w0)
                 rows.append([tokens, f"{w0.pairs} ({served_pairs(w0)})", *cells,
+                             _ratio(get.get("hpu-grouped"), get.get("reference-f32")),
+                             _ratio(get.get("hpu-grouped"), get.get("hpu-gather")),
                              _ratio(get.get("hpu-mask"), get.get("reference-f32")),
-                             _ratio(get.get("hpu-mask"), get.get("plain-gather")),
-                             _flops(grouped_flops(w0)), f"{_flops(mask_flops(w0))} ({mask_flops(w0) / max(grouped_flops(w0), 1):.0f}×)"])
-            lines += table(["T", "pairs (served)", *impls, "mask ÷ ref-f32", "mask ÷ plain-gather", "grouped FLOPs",
-                            "mask FLOPs (× grouped)"], rows) + [""]
+                             _flops(grouped_flops(w0)),
+                             f"{_flops(grouped_static_flops(w0))} ({grouped_static_flops(w0) / max(grouped_flops(w0), 1):.2f}×, "
+                             f"{layout.blocks} × {layout.block})",
+                             f"{_flops(mask_flops(w0))} ({mask_flops(w0) / max(grouped_flops(w0), 1):.0f}×)"])
+            lines += table(["T", "pairs (served)", *impls, "grouped ÷ ref-f32", "grouped ÷ hpu-gather", "mask ÷ ref-f32",
+                            "grouped FLOPs", "grouped static FLOPs (× grouped, B × b)", "mask FLOPs (× grouped)"], rows) + [""]
     lines += ["¹ not run; the reason is listed below. ² the implementation raised; listed below.", ""]
+    lines += _goals(results, plan)
     lines += _sizes(plan)
     lines += _findings(results, plan, gemm_flops)
     lines += ["## Not run, and why", "",
@@ -299,6 +340,60 @@ def report(results: list, skipped: list, plan: Plan, command: str, machine_lines
     errors = [(w, r["error"]) for w, r in results if "error" in r]
     if errors:
         lines += ["", "Errors:", ""] + [f"- {w.model} {w.op} T={w.tokens} {w.implementation}: {e}" for w, e in errors]
+    return lines + [""]
+
+
+def _subset_note(plan: Plan) -> list[str]:
+    """Say so when the run measured less than the full plan, and how to run the rest."""
+    missing = []
+    if [m for m, *_ in plan.shapes] != [m for m, *_ in FULL.shapes]:
+        missing.append("models " + ", ".join(m for m, *_ in FULL.shapes if m not in [n for n, *_ in plan.shapes]))
+    if plan.tokens != FULL.tokens:
+        missing.append("T " + ", ".join(str(t) for t in FULL.tokens if t not in plan.tokens))
+    if plan.implementations != FULL.implementations:
+        missing.append("implementations " + ", ".join(i for i in FULL.implementations if i not in plan.implementations))
+    if not missing:
+        return []
+    return [f"**A reduced run** (not measured here: {'; '.join(missing)}). The full run, to be repeated on a quiet "
+            "machine: `python -m benchmarks moe`.", ""]
+
+
+GOAL_RATIO_TO_REFERENCE = 3.0  # grouped ÷ reference-f32 at T ≥ 64
+GOAL_STATIC_FLOPS = 2.0  # grouped static FLOPs ÷ grouped FLOPs
+GOAL_DECODE_RATIO_TO_GATHER = 2.0  # grouped ÷ hpu-gather at T = 1
+
+
+def _goals(results: list, plan: Plan) -> list[str]:
+    """The grouped variant against the goals of its issue, cell by cell: met, missed, or – (not measured)."""
+    by = {(w.model, w.op, w.tokens, w.implementation): r for w, r in results if "seconds" in r}
+    lines = ["## The grouped variant against its goals", "",
+             f"At T ≥ 64: time within {GOAL_RATIO_TO_REFERENCE:.0f}× the reference's float32 grouped time (`reference-f32`) "
+             f"and static FLOPs at most {GOAL_STATIC_FLOPS:.0f}× the grouped FLOPs; at T = 1: time within "
+             f"{GOAL_DECODE_RATIO_TO_GATHER:.0f}× `hpu-gather`'s; peak extra memory below `hpu-gather`'s.", ""]
+
+    def verdict(value: float | None, limit: float, text: str) -> str:
+        if value is None:
+            return "–"
+        return f"{text} {'met' if value <= limit else '**missed**'}"
+
+    rows = []
+    for model, hidden, intermediate, experts, top_k in plan.shapes:
+        for op in plan.ops:
+            for tokens in plan.tokens:
+                w = MoEWorkload(model, hidden, intermediate, experts, top_k, op, tokens, "hpu-grouped", plan.adapters, plan.rank)
+                grouped, ref, gather = (by.get((model, op, tokens, i)) for i in ("hpu-grouped", "reference-f32", "hpu-gather"))
+                ratio = grouped["seconds"] / ref["seconds"] if grouped and ref else None
+                decode = grouped["seconds"] / gather["seconds"] if grouped and gather else None
+                flops = grouped_static_flops(w) / max(grouped_flops(w), 1)
+                memory = grouped["peak_extra_bytes"] / max(gather["peak_extra_bytes"], 1) if grouped and gather else None
+                rows.append([model, op, tokens,
+                             verdict(ratio, GOAL_RATIO_TO_REFERENCE, f"{ratio:.1f}×" if ratio else "") if tokens >= 64 else "",
+                             verdict(flops, GOAL_STATIC_FLOPS, f"{flops:.2f}×") if tokens >= 64 else "",
+                             verdict(decode, GOAL_DECODE_RATIO_TO_GATHER, f"{decode:.1f}×" if decode else "") if tokens == 1 else "",
+                             verdict(memory, 1.0, f"{size(grouped['peak_extra_bytes'])} vs {size(gather['peak_extra_bytes'])}")
+                             if memory is not None else "–"])
+    lines += table(["model", "op", "T", "grouped ÷ ref-f32", "static ÷ grouped FLOPs", "grouped ÷ hpu-gather (T = 1)",
+                    "peak extra: grouped vs hpu-gather"], rows)
     return lines + [""]
 
 

@@ -32,10 +32,13 @@ ADAPTERS = 4
 IMPLEMENTATIONS: dict[str, tuple[str, torch.dtype]] = {
     "reference-f64": ("reference", torch.float64),  # the oracle
     "reference-f32": ("reference", torch.bfloat16),  # bf16 case inputs: the reference accumulates in float32
+    "hpu-grouped": ("hpu-emulated", torch.bfloat16),  # the suite's Gaudi code, grouped MoE variant (its default)
     "hpu-mask": ("hpu-emulated", torch.bfloat16),  # the suite's Gaudi code, dense mask over L·E·R columns
     "hpu-gather": ("hpu-emulated-gather", torch.bfloat16),  # the index_select variant
     "plain-gather": ("plain-gather", torch.bfloat16),  # the baseline below
 }
+# the HPU implementations' MoE variant (the targets' moe_variant option)
+HPU_MOE_VARIANTS = {"hpu-grouped": "grouped", "hpu-mask": "mask", "hpu-gather": "gather"}
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ def target_for(implementation: str):
         return PlainGather()
     from conformance.targets import registry
 
-    return registry.load(name)
+    return registry.resolve(name)(moe_variant=HPU_MOE_VARIANTS[implementation])
 
 
 def build(w: MoEWorkload, inputs: dict | None = None):

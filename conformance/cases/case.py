@@ -20,6 +20,8 @@ SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 # of any kernel block (vLLM's test_punica_sizes list and the old CUDA "no suitable kernel" bugs).
 REAL_HIDDEN_SIZES = (896, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 8192, 11008, 14336)
 ODD_HIDDEN_SIZES = (7, 33, 127, 1000, 2049, 3424, 4097, 5121)
+# The scale granularities of vLLM's fp8 LoRA kernels (Case.fp8_scales), in the order they test them last to first.
+FP8_SCALES = ("tensor", "channel", "block")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,12 @@ class Case:
     # segment covers is never written. The defaults are the canonical layout: back to back from row 0.
     seq_starts: tuple[int, ...] = ()  # first row of each segment, in metadata order; () = canonical
     num_rows: int = 0  # rows of the input and the output; 0 = sum(seq_lens)
+    # The fp8 ops (lora_shrink_fp8, lora_expand_fp8; the "fp8_scales" knob): e4m3fn codes dequantized by
+    # scales per tensor (one weight scale per slot), per token and output channel, or per block of
+    # group_k contraction × group_n output features. "" = not an fp8 case.
+    fp8_scales: str = ""  # "" | tensor | channel | block
+    group_k: int = 0  # block scales only: the contraction elements one scale covers
+    group_n: int = 0  # block scales only: the output features one scale covers
 
     def __post_init__(self) -> None:
         problems = []
@@ -88,6 +96,8 @@ class Case:
             problems += self._routing_problems()
         if self.seq_starts or self.num_rows:
             problems += self._layout_problems()
+        if self.fp8_scales or self.group_k or self.group_n:
+            problems += self._fp8_problems()
         if problems:
             raise ValueError("invalid case: " + "; ".join(problems))
 
@@ -124,6 +134,14 @@ class Case:
             layout = f"seq_starts {self.seq_starts} with seq_lens {self.seq_lens}"
             problems.append(f"segments overlap: {layout}; each row belongs to one segment at most")
         return problems
+
+    def _fp8_problems(self) -> list[str]:
+        if self.fp8_scales not in FP8_SCALES:
+            return [f"fp8_scales {self.fp8_scales!r} is not one of {', '.join(FP8_SCALES)}"]
+        block = self.fp8_scales == "block"
+        if block != (self.group_k > 0 and self.group_n > 0) or (not block and (self.group_k or self.group_n)):
+            return [f"group_k and group_n ({self.group_k}, {self.group_n}) must both be > 0 for block scales and 0 otherwise"]
+        return []
 
     # -- derived structure -------------------------------------------------------------------
 
@@ -209,7 +227,7 @@ class Case:
     # -- serialization -----------------------------------------------------------------------
 
     def to_json(self) -> dict:
-        # The segment layout is left out when canonical, so that every case drawn before it existed
+        # The segment layout (and the fp8 fields) are left out when default, so that every case drawn before they existed
         # keeps its JSON (replays, cached profiles, digests) byte for byte.
         return {
             f.name: getattr(self, f.name)
@@ -230,7 +248,7 @@ class Case:
         return cls(**fields)
 
 
-_LEFT_OUT_WHEN_DEFAULT = frozenset({"seq_starts", "num_rows"})
+_LEFT_OUT_WHEN_DEFAULT = frozenset({"seq_starts", "num_rows", "fp8_scales", "group_k", "group_n"})
 
 
 def _tuples(value: list) -> tuple:

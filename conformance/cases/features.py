@@ -8,7 +8,7 @@ every knob an op does not use at its default, so a feature only shows up where i
 
 from __future__ import annotations
 
-from .case import ODD_HIDDEN_SIZES, REAL_HIDDEN_SIZES, Case
+from .case import FP8_SCALES, ODD_HIDDEN_SIZES, REAL_HIDDEN_SIZES, Case
 
 LARGE_T = 1024
 LONG_BATCH = 2048  # rows of one call above which a kernel gridded or tiled for 2,048 rows breaks
@@ -32,6 +32,7 @@ FEATURE_DOCS = {
     "multi_slice": "two or more output slices",
     "many_slices": "four to seven packed output slices (beyond QKV's three)",
     "packed_5_slices": "end to end: a parallel block's q, k, v, gate and up in one add_lora_linear call of 5 packed slices",
+    "per_module_rank": "end to end: an adapter whose modules differ in rank and alpha (PEFT rank_pattern / alpha_pattern)",
     "unequal_slices": "output slices of unequal width",
     "offset": "output written from a column offset > 0",
     "wide_output": "output wider than the columns written",
@@ -60,8 +61,18 @@ FEATURE_DOCS = {
     "moe_routed_weight": "mul_routed_weight: one input row per pair, the delta weighted",
     "moe_naive": "naive block assignment (topk_ids as the experts, no sorted ids)",
     "moe_full_block": "an enabled slot's pairs of one expert exactly fill whole blocks (no padding)",
-    # apply_lora_full_linear
-    "module_disabled": "a sampled row whose slot's full-linear module is disabled (module_enabled False)",
+    # the fp8 ops (lora_shrink_fp8, lora_expand_fp8): e4m3fn codes, saturated at ±448, with float32 amax / 448 scales
+    "fp8_tensor": "fp8 operands with one activation scale and one weight scale per slot",
+    "fp8_channel": "fp8 operands with a scale per token and per output channel (per_channel_quant)",
+    "fp8_block": "fp8 operands with a scale per group_k × group_n block (a_scale[t, k // group_k], b_scale[l, n // group_n, k // group_k])",
+    # the classification heads (apply_lora_full_linear, token_classification_head)
+    "module_disabled": "a row whose slot's classification head is disabled (module_enabled False): sampled rows, or tokens for the token head",
+    "token_classification": "a token-classification head call (vLLM 0.33): tokens with a saved head, tokens of an adapter without one and "
+    "tokens without adapter in one batch, the label count P no multiple of 16",
+    "cls_labels_wide": "a classification head of more than 256 labels (max_lora_cls_labels is unbounded)",
+    # the tensor-parallel MoE LoRA layer (conformance/tp/moe_case.py; docs/tensor-parallel.md)
+    "moe_tp": "an MoE LoRA layer (w13 or w2) split over tensor-parallel ranks, add_lora_w13/add_lora_w2 on every rank",
+    "padded_intermediate": "tensor-parallel MoE: each rank's intermediate size padded past its shard (vLLM 0.33 strides by the unpadded size)",
 }
 
 
@@ -106,12 +117,13 @@ def case_features(case: Case) -> frozenset[str]:
         "w4d": case.weights_4d,
         "decode": not case.is_prefill,
         "positive": case.distribution == "positive",
+        **{f"fp8_{scales}": case.fp8_scales == scales for scales in FP8_SCALES},
         **_layout_features(case),
     }
     if case.is_moe:
         found.update(_routing_features(case))
-    else:  # only apply_lora_full_linear reads disabled slots outside the MoE ops
-        found["module_disabled"] = bool({s for s in case.sampled_slots if s != -1} & set(case.disabled_slots))
+    elif _reads(case, "module_enabled"):  # the classification heads: disabled slots are heads that were not saved
+        found.update(_head_features(case))
     return frozenset(name for name, present in found.items() if present)
 
 
@@ -146,6 +158,21 @@ def _routing_features(case: Case) -> dict[str, bool]:
         "moe_routed_weight": case.routed_weight,
         "moe_naive": case.naive_blocks,
         "moe_full_block": _fills_whole_blocks(case),
+    }
+
+
+def _head_features(case: Case) -> dict[str, bool]:
+    """The corners of a classification head, over the rows the op picks by (sampled rows or tokens)."""
+    from conformance.ops import OP_SPECS
+
+    spec = OP_SPECS[case.op]
+    used = {s for s in spec.row_slots(case) if s != -1}
+    disabled = used & set(case.disabled_slots)
+    return {
+        "module_disabled": bool(disabled),
+        "token_classification": spec.rows == "tokens" and bool(used - disabled) and bool(disabled)
+        and -1 in spec.row_slots(case) and case.output_width % 16 != 0,
+        "cls_labels_wide": case.output_width > 256,
     }
 
 

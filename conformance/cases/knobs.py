@@ -86,7 +86,7 @@ _KNOBS = (
     Knob("segments", "sgmv segments anywhere in the rows (b_seq_start_loc): out of row order, rows no segment covers",
          ("seq_starts", "num_rows"), {"seq_starts": (), "num_rows": 0},
          features=("seg_permuted", "seg_gap", "seg_late_start", "uncovered_rows")),
-    Knob("module_enabled", "slots whose full-linear module is disabled (module_enabled False)", ("disabled_slots",),
+    Knob("module_enabled", "slots whose classification head is disabled (module_enabled, the token head's full_module_enabled, False)", ("disabled_slots",),
          {"disabled_slots": ()}, features=("module_disabled",)),
     Knob("routing", "the MoE routing: experts, top_k, each token's choices, expert_map, disabled adapters, shared stacks, zero weights",
          ("num_experts", "top_k", "topk_ids", "expert_map", "disabled_slots", "shared_experts", "zero_weight_pairs"),
@@ -102,6 +102,9 @@ _KNOBS = (
     Knob("blocks", "the MoE kernels' block size (16, 32, 64)", ("block_size",), {"block_size": 0}, features=("moe_full_block",)),
     Knob("naive", "naive block assignment: topk_ids as the experts, no sorted ids", ("naive_blocks",), {"naive_blocks": False},
          features=("moe_naive",)),
+    Knob("fp8_scales", "fp8 e4m3fn operands (±448) and the granularity of their scales: per tensor, per token and channel, "
+         "or per group_k × group_n block", ("fp8_scales", "group_k", "group_n"), {"fp8_scales": "", "group_k": 0, "group_n": 0},
+         features=("fp8_tensor", "fp8_channel", "fp8_block")),
 )  # fmt: skip
 
 KNOBS: dict[str, Knob] = {knob.name: knob for knob in _KNOBS}

@@ -3,11 +3,12 @@
 One idea per module:
 
 * ``checkpoint`` / ``adapters``: the fixture models (a dense Llama, a Mixtral MoE, a Cohere with a parallel
-  block) and their PEFT adapters (on the Mixtral also on its fused experts), read from safetensors;
+  block, a Llama token classifier) and their PEFT adapters (on the Mixtral also on its fused experts; per-module
+  ranks and alphas; saved classification heads), read from safetensors;
 * ``lora_stacks``: adapters placed in slots, as the stacked weights of each LoRA call site;
 * ``decoder``: the suite's small Llama-style decoder (dense MLP, top-k routed experts, or a parallel block
   whose q/k/v/gate/up are one call of 5 slices), every LoRA delta through a target's wrapper methods
-  (``add_lora_w13``/``add_lora_w2`` for the experts);
+  (``add_lora_w13``/``add_lora_w2`` for the experts, ``add_shrink`` for a token classifier's saved heads);
 * ``generation``: requests, steps and generations, the vocabulary every engine returns;
 * ``decoder_engine`` / ``vllm_engine``: greedy decoding and teacher-forced scoring, by the suite's
   decoder on a target, or by the installed vLLM's ``LLM(enable_lora=True)``;

@@ -1,7 +1,8 @@
 """The end-to-end cases as data: which batches, which checks, which dtypes, and which run in smoke.
 
 A batch mixes requests (a prompt and an adapter, or ``None`` for the base model) on one fixture model:
-the dense Llama, the Mixtral whose adapters put LoRA on its experts (batches ``moe-*``, reported
+the dense Llama (batch ``patterns-mixed`` with adapters whose modules differ in rank and alpha, feature
+``per_module_rank``), the Mixtral whose adapters put LoRA on its experts (batches ``moe-*``, reported
 as the ops ``moe_<kind>``), or the Cohere whose parallel block the decoder runs as one ``add_lora_linear``
 call of 5 packed slices (batch ``packed5-mixed``, feature ``packed_5_slices``). Every batch fills its
 ``max_loras`` slots (adapters take slots in order of first use), so a target that hands base requests
@@ -10,7 +11,9 @@ the last slot's adapter has a non-empty last slot to hand them. The checks (``ki
 * ``teacher_forced_logits``: per-position log-probabilities along the reference's continuation;
 * ``greedy_generation``: free-running greedy tokens against the reference's;
 * ``batch_invariance``: each request of the batch run alone gives what it gives inside the batch;
-* ``order_invariance``: the batch reversed and rotated gives every request what the original order gives.
+* ``order_invariance``: the batch reversed and rotated gives every request what the original order gives;
+* ``token_classification`` (the token classifier, batch ``tokcls-mixed``): every prompt token's label
+  log-probabilities, scored like teacher-forced logits on the reference's labels (no generation).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from .generation import Request
 
 KINDS = ("teacher_forced_logits", "greedy_generation", "batch_invariance", "order_invariance")
+TOKEN_CLASSIFICATION = "token_classification"  # the token classifier's one check
 E2E_DTYPES = ("float32", "bfloat16", "float16")
 MAX_NEW_TOKENS = 16
 TOP_K = 5
@@ -28,7 +32,9 @@ TOP_K = 5
 DENSE_MODEL = "tiny-llama"
 MOE_MODEL = "tiny-mixtral"  # 6 experts, top-2
 PARALLEL_MODEL = "tiny-cohere"  # a parallel block: q/k/v/gate/up as one call of 5 slices
-MODEL_ADAPTERS = {DENSE_MODEL: "adapters", MOE_MODEL: "moe-adapters", PARALLEL_MODEL: "cohere-adapters"}
+TOKCLS_MODEL = "tiny-llama-tokcls"  # a Llama token classifier: per-token label logits, no generation
+MODEL_ADAPTERS = {DENSE_MODEL: "adapters", MOE_MODEL: "moe-adapters", PARALLEL_MODEL: "cohere-adapters",
+                  TOKCLS_MODEL: "tokcls-adapters"}
 
 # The fixture adapters (fixtures/adapters/<name>), by what makes each one different.
 ATTN = "attn-qv-r8"  # q and v only, rank 8
@@ -36,6 +42,10 @@ ALL = "all-linear-r16-rslora"  # every linear module, rank 16, rsLoRA scaling
 MLP = "mlp-r6"  # gate/up/down, rank 6 (below the stack's max rank: zero padded)
 EMBED = "embed-head-r8"  # embedding, lm_head and o_proj
 ADAPTERS = (ATTN, ALL, MLP, EMBED)
+# Adapters whose modules differ in rank and alpha (PEFT rank_pattern / alpha_pattern; feature per_module_rank)
+PATTERNS = "patterns-r8"  # q, k, v, o, up, down; ranks 4/2 (q, by layer), 12 (down), 8; alphas per module
+PATTERNS_RSLORA = "patterns-r6-rslora"  # embedding, q, v, gate, lm_head; ranks 4, 6, 10, 2; rsLoRA
+PATTERN_ADAPTERS = (PATTERNS, PATTERNS_RSLORA)
 
 # The MoE model's adapters (fixtures/moe-adapters/<name>): PEFT target_parameters on the experts.
 EXPERTS = "moe-experts-r4"  # the experts only (gate_up_proj and down_proj), rank 4
@@ -49,6 +59,14 @@ FIVE = "cohere-qkv-gate-up-r8"  # all five slices, rank 8
 K_UP = "cohere-k-up-r4"  # slices 1 and 4 (k, up), rank 4
 GATE_UP = "cohere-gate-up-o-down-r6-rslora"  # slices 3 and 4 (gate, up, past QKV's three), o and down, rsLoRA
 PARALLEL_ADAPTERS = (FIVE, K_UP, GATE_UP)
+
+# The token classifier's adapters (fixtures/tokcls-adapters/<name>): two save a head of their own
+# (modules_to_save), one does not (its tokens get the base head).
+QV_HEAD = "tokcls-qv-head-r4"
+O_DOWN_HEAD = "tokcls-o-down-head-r8-rslora"
+QKV_NO_HEAD = "tokcls-qkv-r6-nohead"
+TOKCLS_ADAPTERS = (QV_HEAD, O_DOWN_HEAD, QKV_NO_HEAD)
+SAVED_HEAD_ADAPTERS = (QV_HEAD, O_DOWN_HEAD)
 
 PROMPTS = (
     "Once upon a time",
@@ -75,11 +93,17 @@ BATCHES: dict[str, Batch] = {
     "adapters-only": Batch(((1, EMBED), (2, MLP), (3, ALL), (4, ATTN)), 4),
     # no adapter request at all (a target may take a no-LoRA shortcut; it must still be the base model)
     "base-only": Batch(((0, None), (3, None), (5, None)), 4),
+    # per-module ranks and alphas beside a plain adapter, with base requests; the rsLoRA one in the last slot
+    "patterns-mixed": Batch(((0, PATTERNS), (1, None), (2, ATTN), (3, PATTERNS_RSLORA), (4, None), (5, PATTERNS)), 3),
     # the MoE model: slot 0's adapter has no expert LoRA (adapter_enabled 0), the last slot's has;
     # two base requests, each expert adapter used twice
     "moe-mixed": Batch(((0, MOE_ATTN), (1, None), (2, EXPERTS), (3, EXPERTS_ATTN), (4, None), (5, EXPERTS)), 3, MOE_MODEL),
     # one slot, expert and attention LoRA, base requests around it
     "moe-one-slot": Batch(((0, None), (1, EXPERTS_ATTN), (2, None), (3, EXPERTS_ATTN)), 1, MOE_MODEL),
+    # the token classifier: tokens with a saved head (two adapters, one of them in the last slot), tokens of an
+    # adapter without one (the base head, its LoRA applied) and base tokens, in one prefill
+    "tokcls-mixed": Batch(((0, O_DOWN_HEAD), (1, None), (2, QKV_NO_HEAD), (3, QV_HEAD), (4, None), (5, O_DOWN_HEAD)), 3,
+                          TOKCLS_MODEL),
     # the parallel-block model: every adapter (each with LoRA on slice 3 or 4) and two base requests, the
     # five-slice adapter used twice
     "packed5-mixed": Batch(((0, K_UP), (1, None), (2, FIVE), (3, GATE_UP), (4, None), (5, FIVE)), 3, PARALLEL_MODEL),
@@ -102,6 +126,10 @@ class E2ECase:
     @property
     def is_moe(self) -> bool:
         return self.model == MOE_MODEL
+
+    @property
+    def is_token_classifier(self) -> bool:
+        return self.model == TOKCLS_MODEL
 
     @property
     def op(self) -> str:
@@ -136,6 +164,12 @@ class E2ECase:
             "one_slot": self.max_loras == 1,
             "last_slot": self.max_loras >= 2 and len(used) == self.max_loras,  # slots fill in order of first use
             "packed_5_slices": self.model == PARALLEL_MODEL,
+            "per_module_rank": bool(used & set(PATTERN_ADAPTERS)),
+            # tokens of a saved head, of an adapter without one and without adapter in one call (11 labels)
+            "token_classification": self.is_token_classifier and bool(used & set(SAVED_HEAD_ADAPTERS))
+            and bool(used - set(SAVED_HEAD_ADAPTERS)) and None in adapters,
+            # a slot whose adapter saved no head (its head is disabled)
+            "module_disabled": self.is_token_classifier and bool(used - set(SAVED_HEAD_ADAPTERS)),
         }
         return frozenset(name for name, present in found.items() if present)
 
@@ -168,7 +202,8 @@ def _all_cases() -> list[E2ECase]:
         for dtype in E2E_DTYPES:
             batches = [name for name in BATCHES if BATCHES[name].model == model]
             for batch in sorted(batches, key=lambda name: -BATCHES[name].max_loras):
-                for kind in KINDS if batch in INVARIANCE_BATCHES else KINDS[:2]:
+                kinds = (TOKEN_CLASSIFICATION,) if model == TOKCLS_MODEL else KINDS if batch in INVARIANCE_BATCHES else KINDS[:2]
+                for kind in kinds:
                     cases.append(E2ECase(kind, batch, dtype, (kind, batch, dtype) in SMOKE))
     return cases
 

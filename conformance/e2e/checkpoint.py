@@ -7,6 +7,9 @@ attention, norms, embedding and head as Llama's) and Cohere (Command-R: a parall
 reads it); loading fuses them, as transformers does, into ``mlp.experts.gate_up_proj`` ``[E, 2I, H]``
 (gate rows, then up rows) and ``mlp.experts.down_proj`` ``[E, H, I]``, with the router as ``mlp.gate.weight``.
 A Cohere checkpoint has no ``lm_head.weight`` (tied: it is the embedding, as transformers and vLLM load it).
+A Llama token classifier (transformers' ``LlamaForTokenClassification``, ``num_labels`` from ``id2label``)
+has the Llama backbone and, instead of the lm_head, a per-token head with bias: ``score.weight``
+``[num_labels, hidden]`` and ``score.bias`` ``[num_labels]``.
 
 Only safetensors weights are read (never pickles). A malformed file raises ``ValueError`` naming the
 file and the field, and how to regenerate the fixtures.
@@ -66,6 +69,7 @@ class ModelConfig:
     bos_token_id: int
     experts: ExpertsConfig | None = None
     parallel: ParallelBlockConfig | None = None
+    num_labels: int | None = None  # a token classifier's label count (its head replaces the lm_head)
 
     @property
     def head_dim(self) -> int:
@@ -85,13 +89,15 @@ class ModelConfig:
         for field, allowed in _ARCHITECTURE_FIXED[model_type].items():
             if raw.get(field, allowed) != allowed:
                 raise ValueError(f"{path}: field {field!r} is {raw[field]!r}; the suite's decoder implements only {allowed!r}")
-        fields = {name: kind for name, kind in cls.__annotations__.items() if name not in ("experts", "parallel", "norm_eps")}
+        fields = {name: kind for name, kind in cls.__annotations__.items()
+                  if name not in ("experts", "parallel", "norm_eps", "num_labels")}
         eps_field = "layer_norm_eps" if model_type == "cohere" else "rms_norm_eps"
         config = cls(
             **_read_fields(raw, path, fields),
             norm_eps=_read_fields(raw, path, {eps_field: "float"})[eps_field],
             experts=_experts(raw, path) if model_type == "mixtral" else None,
             parallel=ParallelBlockConfig(**_read_fields(raw, path, {"logit_scale": "float"})) if model_type == "cohere" else None,
+            num_labels=_num_labels(raw, path),
         )
         if config.hidden_size % config.num_attention_heads or config.num_attention_heads % config.num_key_value_heads:
             raise ValueError(f"{path}: hidden_size, num_attention_heads and num_key_value_heads do not divide evenly")
@@ -121,6 +127,25 @@ def _read_fields(raw: dict, path: Path, fields: dict[str, str]) -> dict:
         if kind == "int" and not isinstance(values[name], int):
             raise ValueError(f"{path}: field {name!r} must be an integer, got {raw[name]!r}")
     return values
+
+
+TOKEN_CLASSIFIER = "LlamaForTokenClassification"
+
+
+def _num_labels(raw: dict, path: Path) -> int | None:
+    """A token classifier's label count (transformers reads it from ``id2label``); ``None`` for a causal LM."""
+    architectures = raw.get("architectures") or []
+    if TOKEN_CLASSIFIER not in architectures:
+        return None
+    if architectures != [TOKEN_CLASSIFIER] or raw.get("model_type") != "llama":
+        raise ValueError(f"{path}: field 'architectures' is {architectures!r}; a token classifier must be [{TOKEN_CLASSIFIER!r}] "
+                         f"of model_type 'llama'")
+    if not raw.get("token_classification_bias", True):
+        raise ValueError(f"{path}: field 'token_classification_bias' is false; the suite's decoder implements a head with bias")
+    labels = raw.get("id2label")
+    if not isinstance(labels, dict) or not labels:
+        raise ValueError(f"{path}: missing field 'id2label' (a token classifier's labels); {REGENERATE}")
+    return len(labels)
 
 
 def _experts(raw: dict, path: Path) -> ExpertsConfig:
@@ -166,8 +191,11 @@ class Checkpoint:
 
     def _check_shapes(self) -> None:
         c = self.config
-        expected = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size), "model.norm.weight": (c.hidden_size,),
-                    "lm_head.weight": (c.vocab_size, c.hidden_size)}
+        expected = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size), "model.norm.weight": (c.hidden_size,)}
+        if c.num_labels is None:
+            expected["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+        else:
+            expected |= {"score.weight": (c.num_labels, c.hidden_size), "score.bias": (c.num_labels,)}
         for layer in range(c.num_hidden_layers):
             for name, shape in layer_shapes(c).items():
                 expected[f"model.layers.{layer}.{name}"] = shape

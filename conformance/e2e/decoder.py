@@ -18,7 +18,12 @@ a target exercises that target's wrapper methods end to end, without vLLM:
   down projection times the routing weight, ``add_lora_w2`` on it (routing weight applied), and the
   sum over the choices (docs/moe.md);
 * logits: ``add_lora_logits`` over the sampled rows only, with their own slots (a Cohere's lm_head is
-  its embedding; its logits are then multiplied by ``logit_scale``).
+  its embedding; its logits are then multiplied by ``logit_scale``);
+* a token classifier's label logits (:meth:`LoRADecoder.classify`), as vLLM 0.33's token head layer
+  computes them: the base head ``h @ Wᵀ + b`` in plain torch, then every token through the target's
+  ``add_shrink`` into a ``[1, T, labels]`` buffer with the slots' saved heads as the stack (rank = labels,
+  scale 1), then per token the slot's head output plus its bias where the token has an adapter that
+  saved a head, else the base head's.
 
 Numerics: weights, activations and the KV cache are in the run's dtype; norms, rotary embedding, the
 attention and router softmaxes and the logits' log-softmax are computed in float32 (float64 for a
@@ -93,7 +98,8 @@ class LoRADecoder:
         w = {name: t.to(device=device, dtype=dtype) for name, t in checkpoint.weights.items()}
         self.embed = w["model.embed_tokens.weight"]
         self.final_norm = w["model.norm.weight"]
-        self.lm_head = w["lm_head.weight"]  # a Cohere's is its embedding (tied on load)
+        self.lm_head = w.get("lm_head.weight")  # a Cohere's is its embedding (tied on load); none on a token classifier
+        self.score, self.score_bias = w.get("score.weight"), w.get("score.bias")  # a token classifier's head
         self.layers = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
@@ -223,6 +229,40 @@ class LoRADecoder:
     def forward(self, batch: ForwardBatch, stacks: LoRAStacks) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits ``[sampled rows, vocab]`` (compute dtype) of the batch's sampled rows, and each sampled
         row's routing margin (compute dtype; inf without experts: see :class:`conformance.e2e.generation.Step`)."""
+        x, routing = self.hidden_states(batch, stacks)
+        c = self.config
+        sampled = batch.sampled_rows()
+        h = self.norm(x, self.final_norm)[sampled]
+        logits = h @ self.lm_head.T
+        head = stacks.lm_head
+        self.wrapper.add_lora_logits(logits, h, head.lora_a[0], head.lora_b[0], 1.0)
+        if c.parallel is not None:  # outside the lm_head, so after its LoRA (transformers' and vLLM's order)
+            logits = logits * c.parallel.logit_scale
+        self.wrapper.synchronize()
+        return logits.to("cpu", self.compute_dtype), routing[sampled].cpu()
+
+    def classify(self, batch: ForwardBatch, stacks: LoRAStacks) -> torch.Tensor:
+        """A token classifier's label logits ``[tokens, labels]`` (compute dtype) of every token of the batch.
+
+        The saved heads go through the target's ``add_shrink`` as one stack, into a buffer in the compute
+        dtype (float32, as vLLM's layer allocates it; float64 for the float64 reference); each token then takes
+        its slot's head output plus bias if its adapter saved a head, else the base head's output.
+        """
+        x, _ = self.hidden_states(batch, stacks)
+        h = self.norm(x, self.final_norm)
+        base = h @ self.score.T + self.score_bias
+        head = stacks.head
+        adapter_output = torch.zeros(1, h.size(0), head.weight.size(2), dtype=self.compute_dtype, device=self.device)
+        self.wrapper.add_shrink(adapter_output, h, (head.weight,), 1.0)
+        slots = torch.tensor([s for seq, s in zip(batch.new_tokens, batch.slots) for _ in seq], device=self.device)
+        own_head = (slots >= 0) & head.enabled[slots.clamp(min=0)]
+        labels = torch.where(own_head[:, None], adapter_output[0] + head.bias[slots.clamp(min=0)], base.to(self.compute_dtype))
+        self.wrapper.synchronize()
+        return labels.to("cpu", self.compute_dtype)
+
+    def hidden_states(self, batch: ForwardBatch, stacks: LoRAStacks) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last layer's output ``[tokens, hidden]`` (before the final norm) of every token, and each token's
+        routing margin (inf without experts)."""
         self.wrapper.update_metadata(batch.mapping())
         c = self.config
         tokens = torch.tensor([t for seq in batch.new_tokens for t in seq], dtype=torch.long, device=self.device)
@@ -241,12 +281,4 @@ class LoRADecoder:
             else:  # one call for the five projections of h; summed in transformers' order, (x + attn) + mlp
                 q, k, v, gate, up = self.projections(h, layer, stacks, index, "qkv_gate_up_proj")
                 x = x + self.self_attention(q, k, v, batch, layer, stacks, index) + self.down(gate, up, layer, stacks, index)
-        sampled = batch.sampled_rows()
-        h = self.norm(x, self.final_norm)[sampled]
-        logits = h @ self.lm_head.T
-        head = stacks.lm_head
-        self.wrapper.add_lora_logits(logits, h, head.lora_a[0], head.lora_b[0], 1.0)
-        if c.parallel is not None:  # outside the lm_head, so after its LoRA (transformers' and vLLM's order)
-            logits = logits * c.parallel.logit_scale
-        self.wrapper.synchronize()
-        return logits.to("cpu", self.compute_dtype), routing[sampled].cpu()
+        return x, routing

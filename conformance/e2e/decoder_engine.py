@@ -3,6 +3,7 @@
 Greedy decoding prefills every prompt in one packed batch, then decodes one token per sequence per
 step (a decode batch), so a target sees both of vLLM's batch kinds. Teacher forcing feeds prompt plus
 continuation in one prefill and takes the logits of every position that predicts a continuation token.
+A token classifier runs one prefill of every prompt and returns every token's label logits.
 """
 
 from __future__ import annotations
@@ -37,8 +38,15 @@ class DecoderEngine:
             self._stacks[slots] = LoRAStacks.build(adapters, self.checkpoint.config, self.dtype, self.decoder.device)
         return self._stacks[slots]
 
+    @property
+    def is_token_classifier(self) -> bool:
+        return self.checkpoint.config.num_labels is not None
+
     def generate(self, requests: list[Request], max_new_tokens: int, top_k: int, max_loras: int) -> list[Generation]:
-        """Greedy continuations of ``max_new_tokens`` tokens."""
+        """Greedy continuations of ``max_new_tokens`` tokens; a token classifier's labels (the argmax at every
+        prompt token: nothing is generated, ``max_new_tokens`` is not read)."""
+        if self.is_token_classifier:
+            return self._labels(requests, None, top_k, max_loras)
         slots, request_slots = slot_assignment(requests, max_loras)
         stacks = self._stacks_for(slots)
         prompts = [self.encode(r.prompt) for r in requests]
@@ -54,8 +62,34 @@ class DecoderEngine:
             new_tokens = [[taken[-1].token] for taken in steps]
         return [Generation(r, tuple(p), tuple(s)) for r, p, s in zip(requests, prompts, steps)]
 
+    def _labels(self, requests: list[Request], given: list[tuple[int, ...]] | None, top_k: int, max_loras: int) -> list[Generation]:
+        """Every prompt token's label log-probabilities as the steps of a generation: the given label at each
+        token (``None``: the argmax)."""
+        prompts = [self.encode(r.prompt) for r in requests]
+        for prompt, labels in zip(prompts, given or ()):
+            if len(labels) != len(prompt):
+                raise ValueError(f"{len(labels)} labels given for a prompt of {len(prompt)} tokens (one per token)")
+        generations = []
+        for i, (request, prompt, logits) in enumerate(zip(requests, prompts, self.classify(requests, max_loras))):
+            labels = given[i] if given is not None else [None] * len(prompt)
+            steps = tuple(Step.from_logits(row, label, top_k) for row, label in zip(logits, labels))
+            generations.append(Generation(request, tuple(prompt), steps))
+        return generations
+
+    def classify(self, requests: list[Request], max_loras: int) -> list[torch.Tensor]:
+        """A token classifier's label logits ``[prompt tokens, labels]`` per request, all prompts in one prefill."""
+        slots, request_slots = slot_assignment(requests, max_loras)
+        stacks = self._stacks_for(slots)
+        prompts = [self.encode(r.prompt) for r in requests]
+        caches = [SequenceCache.empty(self.checkpoint.config.num_hidden_layers) for _ in requests]
+        labels = self.decoder.classify(ForwardBatch(prompts, request_slots, caches, [[] for _ in prompts], True, max_loras), stacks)
+        return list(labels.split([len(p) for p in prompts]))
+
     def score(self, requests: list[Request], continuations: list[tuple[int, ...]], top_k: int, max_loras: int) -> list[Generation]:
-        """Teacher-forced: the log-probabilities of each given continuation, token by token."""
+        """Teacher-forced: the log-probabilities of each given continuation, token by token; on a token
+        classifier the log-probabilities of the given labels, one per prompt token."""
+        if self.is_token_classifier:
+            return self._labels(requests, continuations, top_k, max_loras)
         slots, request_slots = slot_assignment(requests, max_loras)
         stacks = self._stacks_for(slots)
         prompts = [self.encode(r.prompt) for r in requests]

@@ -5,14 +5,20 @@ vLLM packs q/k/v into one ``qkv_proj`` and gate/up into one ``gate_up_proj``; ea
 input, and the decoder packs them as a backend that fuses them would: one ``qkv_gate_up_proj`` call of
 5 slices (vLLM's own Cohere still makes two calls, ``qkv_proj`` and ``gate_up_proj``). Stacks are
 ``[num_slots, 1, rank, in]`` (A) and ``[num_slots, 1, out, rank]`` (B), zero where a slot is empty, where
-its adapter does not target the module, and in the rank columns beyond the adapter's own rank. The
-adapter's scaling is folded into B (in float64, then rounded once to the run's dtype), as vLLM does when
-it loads an adapter, so the wrapper methods are called with ``scale=1``.
+its adapter does not target the module, and in the rank columns beyond the module's own rank (an adapter
+with a ``rank_pattern`` has ranks that differ from module to module). Each module's own scaling
+(``ModuleDelta.scaling``: ``alpha_pattern`` and ``rank_pattern`` applied) is folded into its B (in float64,
+then rounded once to the run's dtype), as vLLM does when it loads an adapter, so the wrapper methods are
+called with ``scale=1``.
 
 A Mixtral layer has no dense MLP: its experts are one ``add_lora_w13`` and one ``add_lora_w2`` call
 (docs/moe.md), with per-expert stacks ``[num_slots, E, rank, in]`` and ``[num_slots, E, out, rank]``.
 PEFT's adapters on the fused ``gate_up_proj`` are one slice of width ``2·I`` (vLLM's
 ``FusedMoE3DWithLoRA``), and ``adapter_enabled[slot]`` is 1 where the slot's adapter has expert LoRA.
+
+A token classifier's adapters may save a whole head (``modules_to_save``): vLLM 0.33's token head layer
+holds those as one stack ``[num_slots, 1, labels, hidden]`` (zero where a slot's adapter saved none),
+their biases ``[num_slots, labels]`` and a flag per slot (:class:`HeadStack`).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .adapters import EXPERT_PARAMETERS, Adapter, ModuleDelta
+from .adapters import EXPERT_PARAMETERS, Adapter
 from .checkpoint import ModelConfig, expert_shape, linear_shape
 
 # Call sites of a decoder layer: packed module → the sub-modules that are its output slices.
@@ -71,6 +77,25 @@ class ExpertsSite:
 
 
 @dataclass(frozen=True)
+class HeadStack:
+    """The saved heads of a token classifier's slots, the stack an ``add_shrink`` call takes whole."""
+
+    weight: torch.Tensor  # [slots, 1, labels, hidden]: the head's weight as a "LoRA-A" of rank = labels
+    bias: torch.Tensor  # [slots, labels]
+    enabled: torch.Tensor  # bool [slots]: the slot's adapter saved a head
+
+    @classmethod
+    def build(cls, adapters: tuple[Adapter | None, ...], model: ModelConfig, dtype: torch.dtype, device) -> HeadStack:
+        weight = torch.zeros(len(adapters), 1, model.num_labels, model.hidden_size, dtype=torch.float64)
+        bias = torch.zeros(len(adapters), model.num_labels, dtype=torch.float64)
+        for slot, adapter in enumerate(adapters):
+            if adapter is not None and adapter.head is not None:
+                weight[slot, 0], bias[slot] = adapter.head.weight.double(), adapter.head.bias.double()
+        enabled = torch.tensor([a is not None and a.head is not None for a in adapters], device=device)
+        return cls(weight.to(device=device, dtype=dtype), bias.to(device=device, dtype=dtype), enabled)
+
+
+@dataclass(frozen=True)
 class LoRAStacks:
     slots: tuple[str | None, ...]  # adapter name per slot (None = empty slot)
     max_rank: int
@@ -79,6 +104,7 @@ class LoRAStacks:
     embedding_b: torch.Tensor  # [num_slots, 1, hidden, rank]
     lm_head: LinearSite
     experts: tuple[ExpertsSite, ...] = ()  # per layer, for a Mixtral
+    head: HeadStack | None = None  # for a token classifier
 
     @property
     def num_slots(self) -> int:
@@ -86,7 +112,7 @@ class LoRAStacks:
 
     @classmethod
     def build(cls, adapters: tuple[Adapter | None, ...], model: ModelConfig, dtype: torch.dtype, device) -> LoRAStacks:
-        max_rank = max((a.rank for a in adapters if a is not None), default=1)
+        max_rank = max((a.max_rank for a in adapters if a is not None), default=1)
 
         def stack(layer: int | None, module: str, shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
             return _stack(adapters, layer, module, shape, max_rank, dtype, device)
@@ -118,11 +144,8 @@ class LoRAStacks:
             embedding_b=embedding_b,
             lm_head=site(None, ("lm_head",)),
             experts=tuple(experts_site(layer) for layer in range(model.num_hidden_layers)) if model.experts else (),
+            head=HeadStack.build(adapters, model, dtype, device) if model.num_labels is not None else None,
         )
-
-
-def _scaled_b(adapter: Adapter, delta: ModuleDelta) -> torch.Tensor:
-    return delta.b.double() * adapter.scaling
 
 
 def _stack(adapters, layer, module, shape, max_rank, dtype, device):
@@ -133,6 +156,6 @@ def _stack(adapters, layer, module, shape, max_rank, dtype, device):
     for slot, adapter in enumerate(adapters):
         delta = adapter.delta(layer, module) if adapter is not None else None
         if delta is not None:  # a dense delta ([r, in], [out, r]) broadcasts over the one expert
-            a_stack[slot, :, : adapter.rank] = delta.a.double()
-            b_stack[slot, :, :, : adapter.rank] = _scaled_b(adapter, delta)
+            a_stack[slot, :, : delta.rank] = delta.a.double()
+            b_stack[slot, :, :, : delta.rank] = delta.b.double() * delta.scaling
     return a_stack.to(device=device, dtype=dtype), b_stack.to(device=device, dtype=dtype)

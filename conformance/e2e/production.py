@@ -36,12 +36,12 @@ class PlannedRun(NamedTuple):
 def batch_plan(case: E2ECase) -> tuple[PlannedRun, ...]:
     """The batches the case's check runs, the whole batch first (``ValueError`` for an unknown check).
 
-    teacher_forced_logits scores the whole batch, greedy_generation generates it; the invariance checks
+    teacher_forced_logits and token_classification score the whole batch, greedy_generation generates it; the invariance checks
     score and generate the whole batch and then each other batch: every request alone (batch_invariance),
     or the batch reversed and rotated by one (order_invariance).
     """
     everyone = tuple(range(len(case.requests)))
-    if case.kind == "teacher_forced_logits":
+    if case.kind in ("teacher_forced_logits", "token_classification"):
         return (PlannedRun(WHOLE_BATCH, everyone, True, False, None),)
     if case.kind == "greedy_generation":
         return (PlannedRun(WHOLE_BATCH, everyone, False, True, None),)

@@ -201,14 +201,14 @@ class E2EReferee:
 
     def _check(self, case: E2ECase, runs: dict[str, BatchRun], reference: list[Generation]
                ) -> tuple[list[Problem], float | None, GeneratedTokens]:
-        compare = Comparison(case.dtype, self.decode)
+        compare = Comparison(case.dtype, show_labels if case.is_token_classifier else self.decode)
         continuations = [g.tokens for g in reference]
         whole = runs[WHOLE_BATCH]
         problems: list[Problem] = []
         for run in runs.values():  # teacher forcing scores the continuation it was fed, no other
             for i, got in zip(run.order, run.scored or ()):
                 problems += _fed_other_tokens(compare, i, got, continuations[i])
-        if case.kind == "teacher_forced_logits":
+        if case.kind in ("teacher_forced_logits", "token_classification"):  # a token's labels are scored like tokens
             got = list(whole.scored)
             for i, (mine, ref) in enumerate(zip(got, reference)):
                 problems += compare.scores(i, mine, ref)
@@ -227,6 +227,11 @@ class E2EReferee:
                 problems += compare.greedy(i, generated[i], other.generated[position], planned.against)
             worst = max(worst, compare.max_logprob_error(list(other.scored), [scored[i] for i in planned.order]))
         return problems, worst, GeneratedTokens.of("greedy", generated, reference)
+
+
+def show_labels(ids: list[int]) -> str:
+    """A token classifier's labels as its config names them (``LABEL_<i>``), for messages."""
+    return " ".join(f"LABEL_{i}" for i in ids)
 
 
 def _fed_other_tokens(compare: Comparison, index: int, got: Generation, fed: tuple[int, ...]) -> list[Problem]:

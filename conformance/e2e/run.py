@@ -17,7 +17,9 @@ target's side in the target's worker process and the referee in its own, where n
 The MoE model's cases need the MoE LoRA wrapper methods (``add_lora_w13``, ``add_lora_w2``,
 docs/moe.md) and run the suite's decoder only: on a vLLM engine target they are not supported (see
 ``moe_unsupported_reason``). So are the parallel-block model's: they judge one ``add_lora_linear`` call of
-5 packed slices, which vLLM's own model of that architecture never makes (``PACKED_5_ON_VLLM``).
+5 packed slices, which vLLM's own model of that architecture never makes (``PACKED_5_ON_VLLM``). So are the
+token classifier's: their adapters save whole heads, which vLLM 0.32 refuses on a token-classification model
+(``TOKEN_CLASSIFICATION_ON_VLLM``).
 """
 
 from __future__ import annotations
@@ -29,12 +31,20 @@ from .fixture_files import FIXTURES_ENV, fixtures_dir
 from .generation import Generation
 from .production import E2EProduction
 from .referee import E2EReferee, E2EResult, FixtureModel, GeneratedTokens
-from .target_runner import MOE_WRAPPER_METHODS, PACKED_5_ON_VLLM, WRAPPER_METHODS, E2ETargetRunner, moe_unsupported_reason
+from .target_runner import (
+    MOE_WRAPPER_METHODS,
+    PACKED_5_ON_VLLM,
+    TOKEN_CLASSIFICATION_ON_VLLM,
+    WRAPPER_METHODS,
+    E2ETargetRunner,
+    moe_unsupported_reason,
+)
 
 __all__ = [
     "FIXTURES_ENV",
     "MOE_WRAPPER_METHODS",
     "PACKED_5_ON_VLLM",
+    "TOKEN_CLASSIFICATION_ON_VLLM",
     "WRAPPER_METHODS",
     "E2ECase",
     "E2EProduction",

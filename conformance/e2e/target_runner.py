@@ -10,7 +10,8 @@ them in as plain token ids, so no reference runs here. What comes back is an
 The MoE model's cases need the MoE LoRA wrapper methods (``add_lora_w13``, ``add_lora_w2``,
 docs/moe.md) and run the suite's decoder only: on a vLLM engine target they are not supported (see
 ``moe_unsupported_reason``). So are the parallel-block model's: they judge one ``add_lora_linear`` call of
-5 packed slices, which vLLM's own model of that architecture never makes (``PACKED_5_ON_VLLM``).
+5 packed slices, which vLLM's own model of that architecture never makes (``PACKED_5_ON_VLLM``). So are the
+token classifier's (``TOKEN_CLASSIFICATION_ON_VLLM``); on a decoder target they need ``add_shrink`` too.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from conformance.text import describe_exception
 
-from .cases import MAX_NEW_TOKENS, PARALLEL_MODEL, TOP_K, E2ECase
+from .cases import MAX_NEW_TOKENS, PARALLEL_MODEL, TOKCLS_MODEL, TOP_K, E2ECase
 from .decoder_engine import DecoderEngine, encode_prompt
 from .fixture_files import FixtureFiles, fixtures_dir
 from .production import NOT_SUPPORTED, RAISED, RAN, BatchRun, E2EProduction, Repetition, batch_plan, plain_generations
@@ -37,6 +38,18 @@ PACKED_5_ON_VLLM = (
     "two add_lora_linear calls, qkv_proj (3 slices) and gate_up_proj (2 slices): it never makes the one call of "
     "5 packed slices these cases judge, which run the suite's decoder"
 )
+
+
+# The token classifier's adapters save whole heads (modules_to_save); vLLM 0.32 refuses them on a token model.
+TOKEN_CLASSIFICATION_ON_VLLM = (
+    "{target} runs end to end through the installed vLLM engine, and vLLM 0.32 refuses LoRA adapters that save a "
+    "token-classification head (modules_to_save): LoRAModelManager._validate_token_classification_lora "
+    "(vllm/lora/model_manager.py) raises 'token_classify only supports LoRA on the model backbone'; vLLM 0.33's "
+    "TokenClassificationHeadWithLoRA serves them through add_shrink. These cases run the suite's decoder, whose "
+    "head calls the target's add_shrink as that layer does"
+)
+# The wrapper methods a token classifier's head needs beside the backbone's
+TOKEN_HEAD_METHODS = ("add_shrink",)
 
 
 def moe_unsupported_reason(target) -> str | None:
@@ -97,8 +110,11 @@ class E2ETargetRunner:
         if case.is_moe and (reason := moe_unsupported_reason(self.target)):
             return reason
         if self.target.generation_engine == "vllm":
+            if case.model == TOKCLS_MODEL:
+                return TOKEN_CLASSIFICATION_ON_VLLM.format(target=self.target.name)
             return PACKED_5_ON_VLLM.format(target=self.target.name) if case.model == PARALLEL_MODEL else None
-        missing = [m for m in WRAPPER_METHODS if not callable(getattr(self.target, m, None))]
+        needed = WRAPPER_METHODS + (TOKEN_HEAD_METHODS if case.model == TOKCLS_MODEL else ())
+        missing = [m for m in needed if not callable(getattr(self.target, m, None))]
         if missing:
             return f"{self.target.name} does not implement {', '.join(missing)} (the decoder needs every LoRA call site)"
         return None
@@ -114,7 +130,7 @@ class E2ETargetRunner:
                 for other in self._engines.values():  # each vLLM engine holds a KV cache: keep one
                     other.close()
                 self._engines.clear()
-                max_rank = max(a.rank for a in files.adapters.values())
+                max_rank = max(a.max_rank for a in files.adapters.values())
                 tokenizer = files.checkpoint.tokenizer()
                 self._engines[model, dtype] = VllmEngine(
                     files.checkpoint, files.adapter_dirs, torch_dtype,

@@ -48,8 +48,14 @@ class Family:
     # steers values, ranks or sizes only: nothing for an op judged by invariants on its indices
     # (moe_lora_align_block_size reads the routing, no weight and no activation)
     about_values: ClassVar[bool] = False
+    # aimed only at the ops that name it (OpSpec.families), never by its knobs alone
+    named_only: ClassVar[bool] = False
 
     def applies_to(self, spec: OpSpec, dtype: str) -> bool:
+        if spec.families is not None and self.name not in spec.families:
+            return False
+        if self.named_only and spec.families is None:
+            return False
         if ("routing" in spec.knobs and not self.for_moe) or (self.about_values and spec.check is not None):
             return False
         return self.needs_knobs <= spec.knobs and (self.dtypes is None or dtype in self.dtypes)
@@ -89,12 +95,24 @@ class Family:
     def feature_size(self, draw, default_max: int) -> int:
         return draw(st.integers(8, default_max))
 
+    def first_width(self, draw, limits: Limits) -> int:
+        """The width of the first output slice where the family draws no real or odd size (``sized``)."""
+        return draw(st.integers(1, limits.max_width))
+
     def slice_count(self, draw, spec: OpSpec) -> int:
         # Most packed layers have one to three slices (QKV); more are the ``many_slices`` family's and ``random``'s.
         return draw(st.integers(1, min(3, spec.max_slices)))
 
     def distinct_widths(self) -> bool:
         return False
+
+    def equal_widths(self) -> bool:
+        """Every slice as wide as the first (asked before the other widths are drawn)."""
+        return False
+
+    def fp8_groups(self, draw, k: int, n: int) -> tuple[int, int]:
+        """``(Case.group_k, Case.group_n)`` of an fp8 case: 0, 0 but for block scales."""
+        return 0, 0
 
     # -- the optional features: off unless the family turns them on ------------------------------
 
@@ -753,6 +771,116 @@ class LongSampled(LongBatch):
         return [pattern[i % len(pattern)] for i in range(num_seqs)]
 
 
+# -- vLLM 0.33's token classification head (token_classification_head): aimed at that op alone ----------
+
+# Label counts of real token-classification heads (NER's 9 BIO tags, POS's 17 universal tags, binary and
+# three-way taggers): none a multiple of 16, so a kernel that tiles or buckets the "rank" by 16 drops labels.
+SMALL_LABEL_COUNTS = (2, 3, 9, 17)
+# vLLM pads every head to max_lora_cls_labels, which has no upper bound: above 256 and 512 no LoRA-rank
+# bucket holds it (300 and 1000: neither a power of two nor a multiple of 16).
+WIDE_LABEL_COUNTS = (300, 1000)
+
+
+class TokenClassification(Family):
+    """One call as vLLM 0.33's token head makes it: tokens of an adapter with a saved head, of an adapter
+    without one (``full_module_enabled`` False: the base output stays) and of no adapter (slot −1: the base
+    output stays) in one batch, the label count ``P`` no multiple of 16."""
+
+    name, doc, feature, min_seqs = (
+        "token_classification",
+        "a token-classification head call: tokens with a saved head, without one and without adapter; P no multiple of 16",
+        "token_classification",
+        3,
+    )
+    needs_knobs = frozenset({"module_enabled"})
+    named_only = True
+
+    def num_slots(self, draw, limits: Limits) -> int:
+        return draw(st.integers(2, max(2, limits.max_slots)))
+
+    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
+        # three sequences: no adapter, and two different slots (one of them will have no head)
+        first, second, third = draw(st.permutations(range(len(slots))))[:3]
+        slots[first] = -1
+        slots[second], slots[third] = draw(st.permutations(range(num_slots)))[:2]
+        return slots
+
+    def disabled_slots(self, draw, token_slots, num_slots: int) -> tuple[int, ...]:
+        # a non-empty proper subset of the slots in use: some tokens keep the base output, others are replaced
+        used = sorted({s for s in token_slots if s != -1})
+        return tuple(sorted(draw(st.sets(st.sampled_from(used), min_size=1, max_size=len(used) - 1))))
+
+    def first_width(self, draw, limits: Limits) -> int:
+        any_width = st.integers(1, limits.max_width).map(lambda p: p if p % 16 else p - 1)
+        return draw(st.one_of(st.sampled_from(SMALL_LABEL_COUNTS), any_width))
+
+
+class WideClassificationHead(TokenClassification):
+    """The same call with a head of more than 256 labels: a shrink kernel that takes the head's width for a
+    LoRA rank (≤ 512, bucketed) cannot hold it."""
+
+    name, doc, feature = "cls_labels_wide", "a classification head of more than 256 labels (257–1,024)", "cls_labels_wide"
+
+    def first_width(self, draw, limits: Limits) -> int:
+        return draw(st.one_of(st.sampled_from(WIDE_LABEL_COUNTS), st.integers(257, 1024)))
+
+
+# -- the fp8 ops (lora_shrink_fp8, lora_expand_fp8): aimed at them alone, one family per scale granularity --
+
+# Block sizes of block-wise fp8 scales: vLLM's default is 128 × 128 (DeepSeek-V3's); the smaller ones let the
+# drawn sizes hold several blocks. Each is drawn below the dimension it splits: two blocks at least, above 16.
+FP8_GROUP_SIZES = (16, 32, 64, 128)
+
+
+class Fp8Scales(Family):
+    """fp8 operands with one scale granularity (``Case.fp8_scales``), slot −1 rows among the adapter rows (the
+    kernels skip them); the optional features drawn freely. Slices are equally wide: vLLM's expand reads
+    every slice's weight scales with the first slice's strides. A shrink's case dtype is read by nothing
+    (fp8 in, float32 out), so its cases are drawn in bfloat16 only."""
+
+    needs_knobs = frozenset({"fp8_scales"})
+    named_only, min_seqs = True, 2
+    scales: ClassVar[str]
+    wide = add_inputs = scaled = _draws_on
+
+    def applies_to(self, spec: OpSpec, dtype: str) -> bool:
+        return super().applies_to(spec, dtype) and (spec.output_kind != "buffer" or dtype == "bfloat16")
+
+    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
+        return Neg1.steer_slots(self, draw, slots, num_slots)
+
+    def with_offset(self, draw, spec: OpSpec) -> bool:
+        return "offset" in spec.knobs and draw(st.booleans())
+
+    def equal_widths(self) -> bool:
+        return True
+
+
+class Fp8Tensor(Fp8Scales):
+    name, doc, feature, scales = "fp8_tensor", "fp8 operands, one activation scale and one weight scale per slot", "fp8_tensor", "tensor"
+
+
+class Fp8Channel(Fp8Scales):
+    name, doc, feature, scales = "fp8_channel", "fp8 operands, a scale per token and per output channel", "fp8_channel", "channel"
+
+
+class Fp8Block(Fp8Scales):
+    name, doc, feature, scales = "fp8_block", "fp8 operands, a scale per group_k × group_n block", "fp8_block", "block"
+
+    def max_rank(self, draw, limits: Limits) -> int:
+        # the rank is the shrink's N and the expand's K: two blocks of 16 at least
+        return draw(st.sampled_from([r for r in POWER_OF_TWO_RANKS if 32 <= r <= max(32, limits.max_rank)]))
+
+    def first_width(self, draw, limits: Limits) -> int:
+        return draw(st.integers(32, max(32, limits.max_width)))
+
+    def fp8_groups(self, draw, k: int, n: int) -> tuple[int, int]:
+        def below(size: int) -> int:
+            return draw(st.sampled_from([g for g in FP8_GROUP_SIZES if g < size] or [FP8_GROUP_SIZES[0]]))
+
+        return below(k), below(n)
+
+
 def _small_products(limits: Limits) -> Limits:
     """Limits that keep the products of a thousand tokens, or of rank 256, affordable."""
     return Limits(limits.max_slots, limits.max_seqs, limits.max_seq_len, 64, 64, 16, limits.large_t, 1, min(limits.max_experts, 8),
@@ -772,7 +900,8 @@ FAMILIES: dict[str, Family] = {
         NoAddInputs(), Scaled(), Fp32Input(), Bias(), FourDStacks(), Decode(), Positive(), SegPermuted(), SegGaps(),
         MoEWideTopK(), MoEManyExperts(), MoEHotExpert(), MoEDuplicateRouting(), MoEZeroWeight(), MoENonLocal(),
         MoEDisabledSlot(), MoEFullBlock(), MoESharedExperts(), MoEFusedSlice(), MoERoutedWeight(), MoENaiveBlocks(),
-        ModuleDisabled(), Rank512(), LongBatch(), LongSampled(),
+        ModuleDisabled(), Rank512(), LongBatch(), LongSampled(), TokenClassification(), WideClassificationHead(),
+        Fp8Tensor(), Fp8Channel(), Fp8Block(),
     )
 }  # fmt: skip
 

@@ -32,7 +32,9 @@ def _slices(draw, spec: OpSpec, family: Family, limits: Limits, big_width: bool)
     else:
         count = family.slice_count(draw, spec)
     if "widths" in spec.knobs:
-        first = family.feature_size(draw, limits.max_width) if big_width else draw(st.integers(1, limits.max_width))
+        first = family.feature_size(draw, limits.max_width) if big_width else family.first_width(draw, limits)
+        if family.equal_widths():
+            return (first,) * count
         widths = [first] + draw(st.lists(st.integers(1, limits.max_width), min_size=count - 1, max_size=count - 1))
         if family.distinct_widths() and len(set(widths)) == 1:
             widths[-1] = widths[-1] + 1
@@ -124,6 +126,14 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
         seq_starts, num_rows = family.segment_layout(draw, seq_lens, seq_slots)
     else:
         seq_starts, num_rows = _left("segments", "seq_starts"), _left("segments", "num_rows")
+    # The fp8 fields, drawn last and only for the fp8 ops: the contraction K is the shrink's hidden size and the
+    # expand's rank, the output features N the shrink's rank and the expand's slice width.
+    if "fp8_scales" in spec.knobs:
+        k, n = (hidden, max_rank) if "hidden" in spec.knobs else (max_rank, slices[0])
+        group_k, group_n = family.fp8_groups(draw, k, n)
+        fp8 = {"fp8_scales": family.scales, "group_k": group_k, "group_n": group_n}
+    else:
+        fp8 = {name: _left("fp8_scales", name) for name in ("fp8_scales", "group_k", "group_n")}
     return Case(
         op=spec.name,
         dtype=dtype,
@@ -148,4 +158,5 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
         seq_starts=seq_starts,
         num_rows=num_rows,
         **routing,
+        **fp8,
     )

@@ -20,7 +20,7 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
-from conformance.isolation.protocol import Tag
+from conformance.isolation.protocol import Tag, dumps
 from conformance.isolation.worker import prepare_child
 from conformance.text import describe_exception, safe_text
 
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     replies = Connection(int(argv[1]), readable=False)
 
     def reply(message) -> None:
-        replies.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        replies.send_bytes(dumps(message))
 
     config = pickle.loads(commands.recv_bytes())
     prepare_child(config)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from conformance.verdict.failure_kind import FailureKind
 
-from .protocol import MAIN_THREAD_LINE, STACK_DUMP_SIGNAL, Tag
+from .protocol import MAIN_THREAD_LINE, STACK_DUMP_SIGNAL, Tag, dumps
 
 STACK_DUMP_WAIT = 2.0  # seconds given to a hung worker to write its stacks before it is killed
 EXIT_WAIT = 10.0  # seconds a worker asked to exit (or that closed its pipe) has before it is killed
@@ -208,7 +208,7 @@ class WorkerProcess:
         """Pickle ``message`` to the worker; ``OSError`` (BrokenPipeError) when it is gone."""
         if self._commands is None:
             raise BrokenPipeError("the worker process was stopped")
-        self._commands.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        self._commands.send_bytes(dumps(message))
 
     def poll(self, timeout: float | None) -> bool:
         """Whether a reply (or the worker's end) arrived within ``timeout`` seconds (``None``: wait)."""

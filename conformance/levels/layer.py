@@ -12,6 +12,7 @@ from conformance.errors import RunError
 from conformance.record import CaseResult
 from conformance.tp.case import TPCase
 from conformance.tp.cases import tp_cases
+from conformance.tp.moe_case import MoETPCase
 from conformance.tp.run import TPResult
 
 from .base import CaseKind
@@ -26,12 +27,12 @@ class LayerKind(CaseKind):
     result_type = TPResult
 
     def owns(self, case) -> bool:
-        return isinstance(case, TPCase)
+        return isinstance(case, (TPCase, MoETPCase))
 
-    def cases(self, profile: str, seed: int) -> list[tuple[str, TPCase]]:
+    def cases(self, profile: str, seed: int) -> list[tuple[str, TPCase | MoETPCase]]:
         return [(case.case_id, case) for case in tp_cases(profile, seed)]
 
-    def run(self, run: ConformanceRun, case_id: str, case: TPCase, values=None) -> CaseResult:
+    def run(self, run: ConformanceRun, case_id: str, case: TPCase | MoETPCase, values=None) -> CaseResult:
         try:
             return run.tp_executor.run(case)
         except ValueError as exc:  # --devices cannot give every rank a device: the run's options, not the target

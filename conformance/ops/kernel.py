@@ -1,4 +1,4 @@
-"""The kernel-level ops (design level 1): the six classic bgmv/sgmv ops and lora_shrink/lora_expand.
+"""The kernel-level ops (design level 1): the six classic bgmv/sgmv ops, lora_shrink/lora_expand and their fp8 forms.
 
 bgmv ops take one slot per token; sgmv ops one slot per sequence (segments); lora_* ops the
 token-sorted metadata built by ``conformance.reference.LoRAKernelMeta``. Shrink ops write a zeroed
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+import conformance.cases.fp8_values as fp8_values
 from conformance import reference
 from conformance.cases.case import Case
 from conformance.cases.values import activations, lora_a_stack, lora_b_stack
@@ -34,6 +35,25 @@ def expand_values(case: Case, gen: torch.Generator) -> Tensors:
     }
     for s, width in enumerate(case.output_slices):
         values[f"lora_b.{s}"] = lora_b_stack(gen, case, width)
+    values["out"] = activations(gen, case, (case.num_tokens, case.output_width), case.torch_dtype)
+    return values
+
+
+def fp8_shrink_values(case: Case, gen: torch.Generator) -> Tensors:
+    """fp8 activations and LoRA-A codes with their scales (``conformance.cases.fp8_values``); the zeroed float32 buffer."""
+    values = dict(zip(("x", "a_scale"), fp8_values.activations(gen, case, (case.num_tokens, case.hidden_size))))
+    for s in range(case.num_slices):
+        values[f"lora_a.{s}"], values[f"b_scale.{s}"] = fp8_values.lora_a(gen, case)
+    values["out"] = torch.zeros(case.num_slices, case.num_tokens, case.max_rank, dtype=torch.float32)
+    return values
+
+
+def fp8_expand_values(case: Case, gen: torch.Generator) -> Tensors:
+    """fp8 shrink results and LoRA-B codes with their scales (one a_scale for every slice, as vLLM reads it); the
+    output in the case dtype."""
+    values = dict(zip(("x", "a_scale"), fp8_values.activations(gen, case, (case.num_slices, case.num_tokens, case.max_rank))))
+    for s, width in enumerate(case.output_slices):
+        values[f"lora_b.{s}"], values[f"b_scale.{s}"] = fp8_values.lora_b(gen, case, width)
     values["out"] = activations(gen, case, (case.num_tokens, case.output_width), case.torch_dtype)
     return values
 
@@ -106,6 +126,35 @@ def _lora_expand(case: Case, t: Tensors, device) -> OpCall:
     return OpCall((*args, case.offset_start, case.add_inputs), {})
 
 
+def fp8_quantization_args(case: Case, t: Tensors) -> tuple:
+    """vLLM's trailing fp8 arguments after the weight scales: ``a_scale, group_k, group_n, use_fp8_w8a8,
+    per_channel_quant``. The suite always passes ``use_fp8_w8a8=True``: without it the kernels read no scale."""
+    return (t["a_scale"], case.group_k, case.group_n, True, case.fp8_scales == "channel")
+
+
+def num_active_loras(meta: tuple) -> int:
+    """vLLM's ``num_active_loras`` (the fp8 kernels' grid over slots): every entry of ``lora_ids`` (the fifth
+    metadata tensor), the metadata's default ``max_loras + 1``."""
+    return meta[4].numel()
+
+
+def _lora_shrink_fp8(case: Case, t: Tensors, device) -> OpCall:
+    stacks = [t[f"lora_a.{s}"] for s in range(case.num_slices)]
+    scales = [t[f"b_scale.{s}"] for s in range(case.num_slices)]
+    meta = kernel_meta_args(case, device)
+    args = (t["x"], stacks, t["out"], *meta, num_active_loras(meta), case.scale, scales)
+    return OpCall((*args, *fp8_quantization_args(case, t)), {})
+
+
+def _lora_expand_fp8(case: Case, t: Tensors, device) -> OpCall:
+    stacks = [t[f"lora_b.{s}"] for s in range(case.num_slices)]
+    scales = [t[f"b_scale.{s}"] for s in range(case.num_slices)]
+    meta = kernel_meta_args(case, device)
+    a_scale, group_k, group_n, w8a8, per_channel = fp8_quantization_args(case, t)
+    args = (t["x"], stacks, t["out"], *meta, num_active_loras(meta), scales, a_scale, case.offset_start, case.add_inputs)
+    return OpCall((*args, group_k, group_n, w8a8, per_channel), {})
+
+
 # -- written regions ---------------------------------------------------------------------------
 
 
@@ -130,12 +179,22 @@ def _kernel(name, summary, knobs, values, call, written, max_slices=1) -> OpSpec
     )
 
 
+def _fp8_kernel(name, summary, knobs, values, call, written) -> OpSpec:
+    """An fp8 kernel op's spec: like ``_kernel``'s, without the 4-D layout (vLLM's fp8 kernels take the weight
+    scales' strides from 3-D stacks)."""
+    output_kind = "buffer" if values is fp8_shrink_values else "accumulate"
+    return OpSpec(name, Level.KERNEL, summary, frozenset(knobs), values, call, written, getattr(reference, name),
+                  max_slices=MAX_SLICES, output_kind=output_kind, families=FP8_FAMILIES)
+
+
 # The most slices one packed layer has: vLLM 0.33 fuses up to 7 projections into one QKV-like layer
 # (and variable-slice merged column layers take 3 or more); the LoRA kernels loop over any count.
 MAX_SLICES = 7
 
 SHRINK_KNOBS = {"hidden", "scale"}
 EXPAND_KNOBS = {"add_inputs", "expand_input", "wide", "widths"}
+FP8_FAMILIES = ("fp8_tensor", "fp8_channel", "fp8_block")  # one per scale granularity (conformance.generator.families)
+FP8_KNOBS = {"fp8_scales", "slices"}  # no w4d: vLLM's fp8 kernels read 3-D stacks and scales; slice widths are equal
 SEGMENT_KNOBS = {"segments"}  # the sgmv ops read b_seq_start_loc: segments may lie anywhere in the rows
 
 KERNEL_OP_SPECS = (
@@ -147,4 +206,6 @@ KERNEL_OP_SPECS = (
     _kernel("sgmv_expand_slice", "per-segment LoRA-B product into a column slice", EXPAND_KNOBS | {"offset"} | SEGMENT_KNOBS, expand_values, _sgmv_expand_slice, expand_written),
     _kernel("lora_shrink", "LoRA-A products of every slice from token-sorted metadata", SHRINK_KNOBS | {"slices"}, shrink_values, _lora_shrink, shrink_written, MAX_SLICES),
     _kernel("lora_expand", "LoRA-B products of every slice side by side from token-sorted metadata", EXPAND_KNOBS | {"offset", "slices"}, expand_values, _lora_expand, expand_written, MAX_SLICES),
+    _fp8_kernel("lora_shrink_fp8", "lora_shrink on fp8 activations and weights with per-tensor, per-channel or block scales", SHRINK_KNOBS | FP8_KNOBS, fp8_shrink_values, _lora_shrink_fp8, shrink_written),
+    _fp8_kernel("lora_expand_fp8", "lora_expand on fp8 inputs and weights with per-tensor, per-channel or block scales", {"add_inputs", "offset", "wide", "widths"} | FP8_KNOBS, fp8_expand_values, _lora_expand_fp8, expand_written),
 )

@@ -90,6 +90,10 @@ class OpSpec:
     # ``composed_of``. Both name registered ops, checked when the op is registered (conformance.ops).
     compositions: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
     composed_of: tuple[str, ...] = ()
+    # The edge-case families aimed at the op (conformance.generator.families), by name; None: every family
+    # whose knobs it reads. An op that is one production call shape (token_classification_head) names the
+    # few corners that call can reach, and the families made for it apply to it alone.
+    families: tuple[str, ...] | None = None
 
     @property
     def outputs(self) -> tuple[str, ...]:

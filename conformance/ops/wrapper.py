@@ -7,6 +7,15 @@ passed as tuples (one per slice) exactly as vLLM's LoRA layers pass them.
 whole per-adapter linear layer over the sampled rows (one per request), skipped for rows of slot −1
 and for slots whose module is disabled. Its disabled slots are the case's ``disabled_slots`` (the
 field the MoE ops read as ``adapter_enabled`` 0), handed over as vLLM's bool ``module_enabled``.
+
+``token_classification_head`` is the same replacement over the *tokens*: vLLM 0.33's
+``TokenClassificationHeadWithLoRA`` (``vllm/lora/layers/classifier.py``). PunicaWrapper has no method
+of that name; the layer calls ``add_shrink`` with the whole head weight as a one-slice 4-D stack
+``[L, 1, P, H]`` at scale 1 into a zeroed float32 ``[1, T, P]`` buffer, adds the bias and picks each
+token's row by ``token_lora_indices`` and ``full_module_enabled`` (``torch.where``). ``add_shrink``
+cases draw LoRA ranks and never judge that pick, and ``P`` is ``max_lora_cls_labels``, any width, so
+the call is an op of its own, composed of ``add_shrink``: any target with ``add_shrink`` runs it, and a
+target's own ``add_shrink`` is judged at the head's widths (2, 3, 9, 17 … 1,000 labels).
 """
 
 from __future__ import annotations
@@ -96,6 +105,21 @@ def full_linear_values(case: Case, gen: torch.Generator) -> Tensors:
     }
 
 
+def token_head_values(case: Case, gen: torch.Generator) -> Tensors:
+    """As vLLM's token head holds them: the stack always 4-D, a bias row per slot (zero where a saved head has
+    none, which the random rows here cover), and the base classifier's output ``[T, P]`` as ``out``."""
+    tokens, width = case.num_tokens, case.output_width
+    enabled = torch.ones(case.num_slots, dtype=torch.bool)
+    enabled[list(case.disabled_slots)] = False
+    return {
+        "x": activations(gen, case, (tokens, case.hidden_size), case.torch_dtype),
+        "weight.0": full_weight_stack(gen, case, width).unsqueeze(1).contiguous(),
+        "bias.0": activations(gen, case, (case.num_slots, width), case.torch_dtype),
+        "module_enabled": enabled,
+        "out": activations(gen, case, (tokens, width), case.torch_dtype),
+    }
+
+
 # -- calls -------------------------------------------------------------------------------------
 
 
@@ -135,6 +159,10 @@ def _apply_lora_full_linear(case: Case, t: Tensors, device) -> OpCall:
     return OpCall((t["out"], t["x"], t["weight.0"], t["bias.0"], t["module_enabled"]), {})
 
 
+def _token_classification_head(case: Case, t: Tensors, device) -> OpCall:
+    return OpCall((t["out"], t["x"], t["weight.0"], t["bias.0"], t["module_enabled"]), {})
+
+
 # -- written regions ---------------------------------------------------------------------------
 
 
@@ -150,6 +178,13 @@ def full_linear_written(case: Case) -> torch.Tensor:
     """Sampled rows of a slot ≠ −1 whose module is enabled, every column (the row is replaced)."""
     disabled = set(case.disabled_slots)
     served = [s != -1 and s not in disabled for s in case.sampled_slots]
+    return torch.tensor(served, dtype=torch.bool)[:, None].expand(-1, case.output_width).clone()
+
+
+def token_head_written(case: Case) -> torch.Tensor:
+    """Tokens of a slot ≠ −1 whose head is enabled, every label column (the row is replaced)."""
+    disabled = set(case.disabled_slots)
+    served = [s != -1 and s not in disabled for s in case.token_slots]
     return torch.tensor(served, dtype=torch.bool)[:, None].expand(-1, case.output_width).clone()
 
 
@@ -194,5 +229,14 @@ WRAPPER_OP_SPECS = (
         rows="sampled", output_kind="replace",
         # the whole per-slot weight shrunk at scale 1 into a float32 buffer, the bias added, the rows replaced
         compositions={"lora": ("lora_shrink",), "classic": ("bgmv_shrink",)},
+    ),
+    # Not through _wrapper: the layer always passes a 4-D stack and runs prefill (pooling) batches only, so
+    # neither "w4d" nor "prefill" is a knob of this call; its corners are its own families.
+    OpSpec(
+        "token_classification_head", Level.WRAPPER,
+        "y[t] = x[t] @ W[slot]ᵀ + bias[slot] per token of an adapter with a saved head (replaced): add_shrink, then the pick",
+        frozenset({"hidden", "widths", "module_enabled"}), token_head_values, _token_classification_head, token_head_written,
+        PunicaWrapperReference.token_classification_head, output_kind="replace", composed_of=("add_shrink",),
+        families=("token_classification", "cls_labels_wide", "module_disabled", "allneg1", "neg1_one_slot", "long_batch"),
     ),
 )

@@ -15,7 +15,9 @@ from .op_bgmv_expand_slice import bgmv_expand_slice
 from .op_bgmv_shrink import bgmv_shrink
 from .op_fused_moe_lora import fused_moe_lora
 from .op_lora_expand import lora_expand
+from .op_lora_expand_fp8 import lora_expand_fp8
 from .op_lora_shrink import lora_shrink
+from .op_lora_shrink_fp8 import lora_shrink_fp8
 from .op_moe_lora_align_block_size import alignment_problems, moe_lora_align_block_size
 from .op_sgmv_expand import sgmv_expand
 from .op_sgmv_expand_slice import sgmv_expand_slice
@@ -36,7 +38,9 @@ __all__ = [
     "bgmv_shrink",
     "fused_moe_lora",
     "lora_expand",
+    "lora_expand_fp8",
     "lora_shrink",
+    "lora_shrink_fp8",
     "moe_lora_align_block_size",
     "rows_per_adapter",
     "sgmv_expand",

@@ -22,7 +22,10 @@ the optional keyword ``lora_bias_stacked``. ``update_metadata`` takes the suite'
   ``module_enabled[l]``, ``y[p] = x[p] @ W[l]ᵀ + bias[l]``, computed in float32 (float64 for the
   oracle) and rounded once to ``y``'s dtype; the row is *replaced*, not accumulated into. ``W`` is
   ``[L, (1,) P, H]``, ``bias`` ``[L, P]`` (``None``: no bias), ``module_enabled`` bool ``[L]``. Rows of
-  slot −1 and rows whose slot's module is disabled stay bit-identical.
+  slot −1 and rows whose slot's module is disabled stay bit-identical;
+* ``token_classification_head(y, x, weight_stacked, bias_stacked, module_enabled)``: the same head over the
+  *token* rows' slots (vLLM 0.33's ``TokenClassificationHeadWithLoRA``, which has no wrapper method of its
+  own: it calls ``add_shrink`` and picks the rows itself; ``classification_head.py`` says how).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch
 
 from ._grouping import rows_per_adapter
 from ._stacks import accumulation_dtype, weight_stack
+from .classification_head import replace_rows_with_head
 from .kernel_meta import LoRAKernelMeta
 from .mapping import LoRAMapping
 from .op_fused_moe_lora import fused_moe_lora
@@ -133,22 +137,18 @@ class PunicaWrapperReference:
     def apply_lora_full_linear(self, y: torch.Tensor, x: torch.Tensor, weight_stacked: torch.Tensor,
                                bias_stacked: torch.Tensor | None, module_enabled: torch.Tensor) -> None:
         """``y[p] = x[p] @ W[l]ᵀ + bias[l]`` for sampled rows of an enabled slot ``l``; every other row untouched."""
-        y2d = y.view(-1, y.size(-1))
         x = x.reshape(-1, x.size(-1))
         self._meta(self.sampled_meta, x.size(0))
-        weights = weight_stack(weight_stacked)  # [L, P, H]
-        if y2d.size(0) != x.size(0) or weights.size(1) != y2d.size(1):
-            raise ValueError(f"y {tuple(y2d.shape)} does not fit x {tuple(x.shape)} and the weights {tuple(weights.shape)}")
-        enabled = module_enabled.reshape(-1).bool().tolist()
-        biases = None if bias_stacked is None else bias_stacked.reshape(bias_stacked.size(0), -1)
-        acc = accumulation_dtype(x, weights)
-        for slot, rows in rows_per_adapter(self.mapping.sampled_slot_tensor()):
-            if not enabled[slot]:
-                continue
-            result = x[rows].to(acc) @ weights[slot].to(acc).T
-            if biases is not None:
-                result = result + biases[slot].to(acc)  # added before the one rounding to y's dtype
-            y2d[rows] = result.to(y2d.dtype)
+        replace_rows_with_head(y.view(-1, y.size(-1)), x, weight_stacked, bias_stacked, module_enabled,
+                               self.mapping.sampled_slot_tensor())
+
+    def token_classification_head(self, y: torch.Tensor, x: torch.Tensor, weight_stacked: torch.Tensor,
+                                  bias_stacked: torch.Tensor, module_enabled: torch.Tensor) -> None:
+        """``y[t] = x[t] @ W[l]ᵀ + bias[l]`` for *tokens* of an enabled slot ``l`` (vLLM 0.33's token head); others untouched."""
+        x = x.reshape(-1, x.size(-1))
+        self._meta(self.token_meta, x.size(0))
+        replace_rows_with_head(y.view(-1, y.size(-1)), x, weight_stacked, bias_stacked, module_enabled,
+                               self.mapping.token_slot_tensor())
 
     def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
                      expert_map=None, offset: int = 0, add_inputs: bool = True, **kwargs) -> None:

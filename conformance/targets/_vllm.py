@@ -26,6 +26,7 @@ from typing import Any
 from conformance.reference import LoRAMapping
 
 from .base import TargetUnavailable
+from .classification_head import TokenHeadFromShrink
 
 
 def import_vllm_module(name: str, target: str) -> Any:
@@ -70,8 +71,10 @@ def accepts_keyword(function, name: str) -> bool:
     return name in inspect.signature(function).parameters
 
 
-class VllmWrapperMethods:
-    """The five wrapper methods, forwarded to a vLLM ``PunicaWrapper`` held in ``self.wrapper``.
+class VllmWrapperMethods(TokenHeadFromShrink):
+    """The five wrapper methods, forwarded to a vLLM ``PunicaWrapper`` held in ``self.wrapper``; and
+    ``token_classification_head`` as vLLM 0.33's token head layer computes it over the wrapper's
+    ``add_shrink`` and ``token_lora_indices``.
 
     LoRA bias is forwarded only where the installed vLLM accepts ``lora_bias_stacked``; elsewhere
     ``unsupported_reason`` declares bias cases not supported. ``apply_lora_full_linear`` (the
@@ -86,6 +89,9 @@ class VllmWrapperMethods:
 
     def add_shrink(self, y, x, lora_a_stacked, scale, **kwargs):
         self.wrapper.add_shrink(y, x, lora_a_stacked, scale, **kwargs)
+
+    def token_lora_slots(self):
+        return self.wrapper.token_lora_indices  # what vLLM's token head reads
 
     def add_expand(self, y, x, lora_b_stacked, output_slices, offset_start=0, add_inputs=True, *, lora_bias_stacked=None, **kwargs):
         if lora_bias_stacked is not None:

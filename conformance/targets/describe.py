@@ -55,6 +55,9 @@ FEATURE_PROBES = (
     ("a disabled full-linear module", "module_enabled", {"disabled_slots": (0,)}),
     # the sgmv ops: segments listed out of row order, rows 1–2 between them uncovered
     ("segments out of row order, with uncovered rows", "segments", {"seq_starts": (3, 0), "num_rows": 5}),
+    # the fp8 ops (their plain probe has per-tensor scales)
+    ("per-token and per-channel fp8 scales", "fp8_scales", {"fp8_scales": "channel"}),
+    ("block-wise fp8 scales", "fp8_scales", {"fp8_scales": "block", "group_k": 8, "group_n": 8}),
 )
 
 
@@ -84,7 +87,7 @@ class TargetDescription:
 
 def probe_case(op: str, dtype: str, **changes) -> Case:
     """A small case of ``op``: two tokens of slot 0 and one without adapter, rank 8, 16 features (and for
-    an MoE op two experts, two choices per token, block size 16)."""
+    an MoE op two experts, two choices per token, block size 16; for an fp8 op per-tensor scales)."""
     case = Case(
         op=op, dtype=dtype, seq_lens=(2, 1), seq_slots=(0, -1), num_slots=2, max_rank=8, adapter_ranks=(8, 8),
         hidden_size=16, output_slices=(16,), output_width=16,
@@ -93,6 +96,8 @@ def probe_case(op: str, dtype: str, **changes) -> Case:
     if "routing" in spec.knobs:
         routing = {"num_experts": 2, "top_k": 2, "topk_ids": ((0, 1), (1, 0), (0, 1)), "routed_weight": bool(spec.routed_weight)}
         case = dataclasses.replace(case, **routing, block_size=16 if "blocks" in spec.knobs else 0)
+    if "fp8_scales" in spec.knobs:
+        case = dataclasses.replace(case, fp8_scales="tensor")
     return dataclasses.replace(case, **changes)
 
 

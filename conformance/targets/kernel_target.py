@@ -47,7 +47,10 @@ decide, and so does this base:
 * ``apply_lora_full_linear`` is composed as both vLLM wrappers compose it: the whole per-slot weight
   shrunk at scale 1 over the sampled rows into a zeroed float32 buffer (``lora_shrink`` with the sampled
   rows' metadata, or ``bgmv_shrink`` with their slots), then the bias added in float32 and the rows of
-  an enabled slot replaced (rounded once), every other row kept by ``torch.where``.
+  an enabled slot replaced (rounded once), every other row kept by ``torch.where``;
+* ``token_classification_head`` (vLLM 0.33's token head, no PunicaWrapper method) is that layer's code
+  over ``self.add_shrink`` and the tokens' slots (``conformance.targets.classification_head``), so it
+  composes from an overridden ``add_shrink`` too.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from conformance.ops.tables import composition_table
 from conformance.reference import LoRAKernelMeta, LoRAMapping, SegmentMetadata, aligned_buffers
 
 from .base import Target
+from .classification_head import TokenHeadFromShrink, pick_head_rows
 
 # The table of the kernels each wrapper op needs, rendered from the specs rather than kept by hand here
 # (no docstring to extend under ``python -OO``).
@@ -69,7 +73,7 @@ if __doc__ is not None:
     __doc__ += "\nThe kernels each wrapper op needs, per composition (from ``conformance.ops.OP_SPECS``):\n\n" + composition_table()
 
 
-class KernelTarget(Target):
+class KernelTarget(TokenHeadFromShrink, Target):
     """Base of targets that implement kernel ops only; see the module docstring.
 
     After ``update_metadata`` these attributes describe the batch, on ``self.device``:
@@ -279,12 +283,11 @@ class KernelTarget(Target):
             self.lora_shrink(x, [weight_stacked], product.unsqueeze(0), *meta, 1.0)
         else:
             self.bgmv_shrink(x, weight_stacked, product, self.sampled_indices, 1.0)
-        slots = self.sampled_indices
-        safe = slots.clamp(min=0)  # −1 rows read slot 0 here and are discarded by the where below
-        served = (slots >= 0) & module_enabled.to(slots.device).bool()[safe]
-        if bias_stacked is not None:
-            product = product + bias_stacked.reshape(bias_stacked.size(0), -1)[safe].to(product.dtype)
-        y2d.copy_(torch.where(served[:, None], product.to(y2d.dtype), y2d))
+        pick_head_rows(y2d, product, bias_stacked, module_enabled, self.sampled_indices)
+
+    def token_lora_slots(self) -> torch.Tensor:
+        """The tokens' slots for ``token_classification_head`` (which composes from ``self.add_shrink``)."""
+        return self.token_indices
 
     def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
                      expert_map=None, offset: int = 0, add_inputs: bool = True, **kwargs) -> None:

@@ -2,7 +2,7 @@
 
 Wrapper methods go through vLLM's own ``PunicaWrapperCPU`` (prefill → sgmv ops, decode → bgmv ops);
 the six classic kernel ops are vLLM's torch ops called directly. ``lora_shrink``/``lora_expand``
-exist only as Triton kernels, so they are not supported here. Known deviations, listed in
+and their fp8 variants exist only as Triton kernels, so they are not supported here. Known deviations, listed in
 ``expectations/cpu.toml``: in vLLM below 0.33 rows of slot −1 receive the last slot's adapter
 (upstream PRs 48421 and 49656); in 0.32 and 0.33 the sgmv ops ignore ``b_seq_start_loc`` and
 ``add_lora_linear(..., add_inputs=False)`` raises.
@@ -53,6 +53,8 @@ class VllmCpuTarget(VllmWrapperMethods, Target):
     why_not_implemented = {
         "lora_shrink": "lora_shrink is a Triton kernel; vLLM's CPU path has none",
         "lora_expand": "lora_expand is a Triton kernel; vLLM's CPU path has none",
+        **{op: f"{op} is a Triton kernel (vllm.lora.ops.triton_ops); vLLM's CPU path has no fp8 LoRA op, and "
+               "PunicaWrapperCPU calls none" for op in ("lora_shrink_fp8", "lora_expand_fp8")},
         **{op: NO_MOE_LORA.format(op=op) for op in ("add_lora_w13", "add_lora_w2", "fused_moe_lora", "moe_lora_align_block_size")},
         "apply_lora_full_linear": VllmWrapperMethods.FULL_LINEAR_MISSING,
     }

@@ -5,7 +5,9 @@ Wrapper methods go through vLLM's own ``PunicaWrapperGPU`` (token-sorted ``LoRAK
 ``update_metadata``, then the Triton ops); ``lora_shrink``/``lora_expand`` are the very callables that
 wrapper calls, fed the suite's metadata and adapted to the installed signature (vLLM 0.32 added a
 ``num_active_loras`` CPU tensor after ``no_lora_flag_cpu``). The classic bgmv/sgmv ops no longer exist
-as Triton kernels in current vLLM, so they are not defined here ("not supported").
+as Triton kernels in current vLLM, so they are not defined here ("not supported"). ``lora_shrink_fp8``/
+``lora_expand_fp8`` are ``vllm.lora.ops.triton_ops``' fp8 kernels (no wrapper calls them), bound by name
+the same way (:class:`TritonFp8LoRAKernels`).
 
 The fused-MoE ops (docs/moe.md): ``fused_moe_lora`` is the callable ``PunicaWrapperGPU.add_lora_fused_moe``
 calls, ``moe_lora_align_block_size`` the ``vllm._custom_ops`` function its ``moe_lora_align_block_size``
@@ -24,7 +26,8 @@ sharded), which rounds float16 operands to bfloat16 before ``tl.dot``: an upstre
 0.33.0 (``_fused_moe_lora_kernel`` dots in the operands' own dtype), so on 0.33 those float16 cases must
 pass (docs/targets.md, "The cuda target's MoE adaptation"). What it declares not supported: float32
 weights/activations (the dense Triton kernels assert float16/bfloat16, and the end-to-end engine shares
-the target's dtypes; a float32 *expand input* is supported and cast, and is claimed), LoRA bias where the
+the target's dtypes; a float32 *expand input* is supported and cast, and is claimed; the fp8 ops take fp8
+codes and are claimed in every case dtype, which is only their expand's output dtype), LoRA bias where the
 installed wrapper has no ``lora_bias_stacked`` (vLLM 0.32 has none; its GPU wrapper would silently drop
 the keyword), and the MoE cases vLLM cannot express (``vllm_cuda_moe``; ``moe_lora_align_block_size``
 where the build has no ``_moe_C`` op).
@@ -302,6 +305,55 @@ class TritonLoRAKernels:
         self.expand(*args, **kwargs)
 
 
+FP8_OPS = ("lora_shrink_fp8", "lora_expand_fp8")
+
+
+class TritonFp8LoRAKernels:
+    """vLLM's Triton ``lora_shrink_fp8``/``lora_expand_fp8`` (``vllm.lora.ops.triton_ops``), called by name.
+
+    No wrapper of vLLM 0.32/0.33 calls them; the suite hands them its arguments in vLLM's order and this
+    binds them by name to the installed op's parameters (its torch schema: the ops are registered custom
+    ops). ``num_active_loras`` is the third grid dimension there, a Python int: a one-element tensor is
+    turned into one on the host, before the launch. The scale-pointer tables these ops cache
+    (``_SHRINK_LORA_SCALE_PTR_DICT``/``_EXPAND_LORA_SCALE_PTR_DICT``, keyed by the scales' ``data_ptr()``s)
+    are not cleared, for the same reason as the weight-pointer tables (:class:`TritonLoRAKernels`).
+    """
+
+    def __init__(self, shrink: Callable, expand: Callable, *, shrink_fallback=None, expand_fallback=None) -> None:
+        self.shrink = shrink
+        self.expand = expand
+        self.shrink_params = op_parameters(shrink, shrink_fallback)
+        self.expand_params = op_parameters(expand, expand_fallback)
+
+    @classmethod
+    def from_vllm(cls) -> TritonFp8LoRAKernels | str:
+        """The installed ops, or why there are none (one line)."""
+        try:
+            shrink_module = importlib.import_module("vllm.lora.ops.triton_ops.lora_shrink_fp8_op")
+            expand_module = importlib.import_module("vllm.lora.ops.triton_ops.lora_expand_fp8_op")
+        except ImportError as exc:
+            return f"the installed vLLM {vllm_version()} has no fp8 LoRA ops ({_one_line(exc)})"
+        return cls(
+            shrink_module.lora_shrink_fp8,
+            expand_module.lora_expand_fp8,
+            shrink_fallback=getattr(shrink_module, "_lora_shrink_fp8", None),
+            expand_fallback=getattr(expand_module, "_lora_expand_fp8", None),
+        )
+
+    def lora_shrink_fp8(self, values: dict[str, Any]) -> None:
+        args, kwargs = bind_arguments(self.shrink_params, _with_int_active_loras(values), "lora_shrink_fp8")
+        self.shrink(*args, **kwargs)
+
+    def lora_expand_fp8(self, values: dict[str, Any]) -> None:
+        args, kwargs = bind_arguments(self.expand_params, _with_int_active_loras(values), "lora_expand_fp8")
+        self.expand(*args, **kwargs)
+
+
+def _with_int_active_loras(values: dict[str, Any]) -> dict[str, Any]:
+    count = values["num_active_loras"]
+    return {**values, "num_active_loras": int(count.reshape(-1)[0]) if isinstance(count, torch.Tensor) else int(count)}
+
+
 MOE_KERNEL_OPS = ("fused_moe_lora", "moe_lora_align_block_size")
 MOE_OPS = (*MOE_KERNEL_OPS, *moe.MOE_WRAPPER_OPS)
 
@@ -426,8 +478,8 @@ def wrapper_capacity(mapping: LoRAMapping) -> int:
 class VllmCudaTarget(VllmWrapperMethods, Target):
     name = "cuda"
     description = (
-        "the installed vLLM's PunicaWrapperGPU and Triton lora_shrink/lora_expand (and fused_moe_lora, "
-        "moe_lora_align_block_size, add_lora_w13/add_lora_w2 for MoE layers) on a CUDA GPU"
+        "the installed vLLM's PunicaWrapperGPU and Triton lora_shrink/lora_expand (their fp8 variants, and "
+        "fused_moe_lora, moe_lora_align_block_size, add_lora_w13/add_lora_w2 for MoE layers) on a CUDA GPU"
     )
     generation_engine = "vllm"  # end to end: the real engine, LLM(enable_lora=True)
     why_not_implemented = {
@@ -442,6 +494,7 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
     lora_config_class: ClassVar[Any] = None
     kernels: ClassVar[TritonLoRAKernels | None] = None
     moe_kernels: ClassVar[TritonMoEKernels | None] = None
+    fp8_kernels: ClassVar[TritonFp8LoRAKernels | str | None] = None  # a str: why the installed vLLM has none
 
     @classmethod
     def check_available(cls) -> None:
@@ -459,6 +512,7 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
         cls.kernels = TritonLoRAKernels.from_vllm(punica_gpu)
         # The MoE ops are optional: without them the dense ops still run, the MoE cases say why not.
         cls.moe_kernels = TritonMoEKernels.from_vllm(punica_gpu, custom_ops, moe_align_unavailable_reason())
+        cls.fp8_kernels = TritonFp8LoRAKernels.from_vllm()  # optional too: older releases have none
 
     @classmethod
     def default_device(cls) -> torch.device:
@@ -474,6 +528,10 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
             return super().unsupported_reason(case)
         if needs_lora_bias(case) and not self.supports_bias():
             return "the installed vLLM's PunicaWrapperGPU has no LoRA bias (lora_bias_stacked)"
+        if case.op in FP8_OPS:
+            # fp8 codes in; the case dtype is only the expand's output dtype, which the kernel stores
+            # in whatever it is (float32 included), and the shrink's buffer is float32 anyway
+            return self.fp8_kernels if isinstance(self.fp8_kernels, str) else None
         if case.torch_dtype not in self.dtypes:
             return self._dtype_reason(case)
         if case.op in MOE_OPS and (reason := self._moe_reason(case)) is not None:
@@ -558,6 +616,25 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
             num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu,
             offset_start=offset_start, add_inputs=add_inputs,
         )
+
+    def lora_shrink_fp8(
+        self, inputs, lora_a_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
+        num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras, scaling, b_scale,
+        a_scale=None, group_k=0, group_n=0, use_fp8_w8a8=False, per_channel_quant=False,
+    ) -> None:
+        values = dict(locals())  # vLLM's names: bound by name to the installed op
+        del values["self"]
+        self.fp8_kernels.lora_shrink_fp8(values)
+
+    def lora_expand_fp8(
+        self, inputs, lora_b_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
+        num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras, b_scale,
+        a_scale=None, offset_start=0, add_inputs=False, group_k=0, group_n=0, use_fp8_w8a8=False,
+        per_channel_quant=False,
+    ) -> None:
+        values = dict(locals())
+        del values["self"]
+        self.fp8_kernels.lora_expand_fp8(values)
 
     # -- fused-MoE LoRA (docs/moe.md) --------------------------------------------------------
 

@@ -19,12 +19,16 @@ from functools import cached_property
 
 from conformance.cases.case import DTYPES, SHORT_DTYPE
 
-LAYERS = ("column", "merged_column", "qkv", "row")
+LAYERS = ("column", "merged_column", "qkv", "row", "qkv_indexer")
 """vLLM's layer kinds: ``ColumnParallelLinearWithLoRA`` (one slice), ``MergedColumnParallelLinearWithLoRA``
 (two slices, gate/up), ``MergedQKVParallelLinearWithLoRA`` (three slices q/k/v, k and v of equal width),
-``RowParallelLinearWithLoRA``; each also in its fully sharded ``*WithShardedLoRA`` form."""
+``RowParallelLinearWithLoRA``; each also in its fully sharded ``*WithShardedLoRA`` form. And vLLM 0.33's
+``Step5FusedQKVIndexerWithLoRA`` (``vllm/lora/layers/custom_layer.py``): seven slices q, k, v,
+index_q, index_k, index_z, gate in one ``add_lora_linear`` call, never fully sharded."""
 
-SLICES_OF_LAYER = {"column": 1, "merged_column": 2, "qkv": 3, "row": 1}
+SLICES_OF_LAYER = {"column": 1, "merged_column": 2, "qkv": 3, "row": 1, "qkv_indexer": 7}
+SLICE_NAMES = {"qkv": ("q", "k", "v"), "qkv_indexer": ("q", "k", "v", "index_q", "index_k", "index_z", "gate")}
+FULLY_SHARDED_LAYERS = ("column", "merged_column", "qkv", "row")  # vLLM refuses fully_sharded_loras for Step5's layer
 TP_SIZES = (2, 4)
 
 
@@ -45,6 +49,7 @@ class TPCase:
     seed: int = 0
     family: str = "random"  # what the case was drawn for (the report's family column)
     kv_replicas: int = 1  # QKV only: ranks sharing each kv head (vLLM's num_kv_head_replicas, when tp > kv heads)
+    index_kv_replicas: int = 1  # QKV + indexer only: ranks sharing each indexer k/z head (Step5's index_kv_head_replicas)
 
     def __post_init__(self) -> None:
         problems = self._problems()
@@ -65,27 +70,34 @@ class TPCase:
             problems.append(f"seq_slots {self.seq_slots} must lie in [-1, num_slots) with num_slots {self.num_slots} >= 1")
         if len(self.output_slices) != SLICES_OF_LAYER[self.layer]:
             problems.append(f"output_slices {self.output_slices}: a {self.layer} layer has {SLICES_OF_LAYER[self.layer]} slice(s)")
-        if self.layer == "qkv" and len(self.output_slices) == 3 and self.output_slices[1] != self.output_slices[2]:
+        if self.layer in SLICE_NAMES and len(self.output_slices) == SLICES_OF_LAYER[self.layer] and self.output_slices[1] != self.output_slices[2]:
             problems.append(f"output_slices {self.output_slices}: k and v have the same width in a QKV layer")
-        if not isinstance(self.kv_replicas, int) or self.kv_replicas < 1:
-            return problems + [f"kv_replicas must be an integer >= 1, got {self.kv_replicas!r}"]
-        if self.kv_replicas > 1 and (self.layer != "qkv" or self.tp_size % self.kv_replicas):
-            problems.append(f"kv_replicas {self.kv_replicas}: only a QKV layer replicates kv heads, over a tp_size "
-                            f"({self.tp_size}) it divides")
-            return problems
-        for name, value, parts in self._divided_widths():
+        if self.layer == "qkv_indexer" and len(self.output_slices) == 7 and self.output_slices[4] != self.output_slices[5]:
+            problems.append(f"output_slices {self.output_slices}: index_k and index_z have the same width (one indexer kv head each)")
+        if self.fully_sharded and self.layer not in FULLY_SHARDED_LAYERS:
+            problems.append(f"a {self.layer} layer has no fully sharded form (vLLM 0.33 refuses fully_sharded_loras for it)")
+        for name, value, allowed in (("kv_replicas", self.kv_replicas, ("qkv", "qkv_indexer")),
+                                     ("index_kv_replicas", self.index_kv_replicas, ("qkv_indexer",))):
+            if not isinstance(value, int) or value < 1:
+                return problems + [f"{name} must be an integer >= 1, got {value!r}"]
+            if value > 1 and (self.layer not in allowed or self.tp_size % value):
+                which = "only a QKV layer replicates kv heads" if name == "kv_replicas" else "only a QKV + indexer layer replicates indexer heads"
+                return problems + [f"{name} {value}: {which}, over a tp_size ({self.tp_size}) it divides"]
+        for name, value, parts, replicas in self._divided_widths():
             if value < parts or value % parts:
-                what = f"tp_size {parts}" if parts == self.tp_size else f"tp_size / kv_replicas = {parts}"
+                what = f"tp_size {parts}" if parts == self.tp_size else f"tp_size / {replicas} = {parts}"
                 problems.append(f"{name} = {value} must be a positive multiple of {what} (vLLM divides it across the ranks)")
         return problems
 
-    def _divided_widths(self) -> list[tuple[str, int, int]]:
-        """The widths this layer splits across the ranks (named as the case's fields), and into how many parts."""
+    def _divided_widths(self) -> list[tuple[str, int, int, str]]:
+        """The widths this layer splits across the ranks (named as the case's fields), into how many parts, and
+        the replica field that makes the parts fewer than the ranks."""
         if self.layer == "row":
-            widths = [("hidden_size", self.hidden_size, self.tp_size)]
-            return widths + ([("output_slices[0]", self.output_slices[0], self.tp_size)] if self.fully_sharded else [])
-        widths = [(f"output_slices[{s}]", n, parts) for s, (n, parts) in enumerate(zip(self.output_slices, self.slice_shards))]
-        return widths + ([("max_rank", self.max_rank, self.tp_size)] if self.fully_sharded else [])
+            widths = [("hidden_size", self.hidden_size, self.tp_size, "")]
+            return widths + ([("output_slices[0]", self.output_slices[0], self.tp_size, "")] if self.fully_sharded else [])
+        replica_field = ("", "kv_replicas", "kv_replicas", "kv_replicas", "index_kv_replicas", "index_kv_replicas", "")
+        widths = [(f"output_slices[{s}]", n, parts, replica_field[s]) for s, (n, parts) in enumerate(zip(self.output_slices, self.slice_shards))]
+        return widths + ([("max_rank", self.max_rank, self.tp_size, "")] if self.fully_sharded else [])
 
     # -- derived ------------------------------------------------------------------------------
 
@@ -99,17 +111,36 @@ class TPCase:
         return len(self.output_slices)
 
     @property
+    def slice_replicas(self) -> tuple[int, ...]:
+        """How many ranks hold the same shard of each output slice: 1, but ``kv_replicas`` for k and v of a QKV
+        layer whose kv heads are replicated (vLLM's ``MergedQKVParallelLinearWithLoRA``), and in the QKV +
+        indexer layer also for index_q (Step5 aligns the indexer's provider groups with the kv heads) and
+        ``index_kv_replicas`` for index_k and index_z (``Step5FusedQKVIndexerWithLoRA.slice_lora_b``)."""
+        if self.layer == "qkv":
+            return (1, self.kv_replicas, self.kv_replicas)
+        if self.layer == "qkv_indexer":
+            kv, index_kv = self.kv_replicas, self.index_kv_replicas
+            return (1, kv, kv, kv, index_kv, index_kv, 1)
+        return (1,) * self.num_slices
+
+    @property
     def slice_shards(self) -> tuple[int, ...]:
-        """Into how many shards each output slice is cut: ``tp_size``, but ``tp_size / kv_replicas`` for k and v
-        of a QKV layer whose kv heads are replicated (vLLM's ``MergedQKVParallelLinearWithLoRA``)."""
-        if self.kv_replicas == 1:
-            return (self.tp_size,) * self.num_slices
-        return (self.tp_size, self.tp_size // self.kv_replicas, self.tp_size // self.kv_replicas)
+        """Into how many shards each output slice is cut: ``tp_size / slice_replicas``."""
+        return tuple(self.tp_size // replicas for replicas in self.slice_replicas)
 
     def shard_of(self, s: int, rank: int) -> int:
-        """Which shard of slice ``s`` ``rank`` holds: its rank, or for replicated k and v its ``kv_shard_id``
-        (``rank // kv_replicas``: ranks 0 and 1 share kv head 0 when two ranks share each head)."""
-        return rank if self.slice_shards[s] == self.tp_size else rank // self.kv_replicas
+        """Which shard of slice ``s`` ``rank`` holds: its rank, or for a replicated slice ``rank // replicas``
+        (vLLM's ``kv_shard_id``: ranks 0 and 1 share kv head 0 when two ranks share each head)."""
+        return rank // self.slice_replicas[s]
+
+    @property
+    def replica_groups(self) -> int:
+        """How many copies of the gathered output the ranks hold: the most ranks any slice's shard is shared by
+        (each copy is judged: group ``j`` takes a replicated shard from the rank ``r`` with ``r % replicas == j % replicas``)."""
+        return max(self.slice_replicas)
+
+    def slice_name(self, s: int) -> str:
+        return SLICE_NAMES[self.layer][s] if self.layer in SLICE_NAMES else f"slice {s}"
 
     @property
     def output_width(self) -> int:
@@ -131,6 +162,7 @@ class TPCase:
     def case_id(self) -> str:
         sharding = "-fully_sharded" if self.fully_sharded else ""
         replicated = f"-kv_replicas{self.kv_replicas}" if self.kv_replicas > 1 else ""
+        replicated += f"-index_kv_replicas{self.index_kv_replicas}" if self.index_kv_replicas > 1 else ""
         return f"tp{self.tp_size}-{self.layer}{sharding}{replicated}-{SHORT_DTYPE[self.dtype]}-{self.family}"
 
     def features(self) -> frozenset[str]:
@@ -139,7 +171,8 @@ class TPCase:
         found = {
             f"tp{self.tp_size}": True,
             "fully_sharded": self.fully_sharded,
-            "kv_replicated": self.kv_replicas > 1,
+            "kv_replicated": self.replica_groups > 1,
+            "many_slices": self.num_slices >= 4,
             "neg1": -1 in self.seq_slots and bool(used),
             "allneg1": not used,
             "last_slot": self.num_slots - 1 in used,
@@ -151,41 +184,18 @@ class TPCase:
     # -- serialization -------------------------------------------------------------------------
 
     def to_json(self) -> dict:
-        return {
-            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
-            "op": self.op,  # derived, for readers of results.json (the report's clusters read these names)
-            "output_width": self.output_width,
-        }
+        return case_to_json(self)
 
     @classmethod
     def from_json(cls, data: dict) -> TPCase:
         """The case ``to_json`` wrote; a missing, unknown or mistyped field raises ``ValueError`` naming it."""
-        if not isinstance(data, dict):
-            raise ValueError(f"a tensor-parallel case is a JSON object, got {type(data).__name__}")
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        derived = {"op", "output_width"}
-        unknown = sorted(set(data) - set(fields) - derived)
-        if unknown:
-            raise ValueError(f"unknown tensor-parallel case field(s) {unknown}; a case has {sorted(fields)}")
-        missing = sorted(name for name, f in fields.items() if f.default is dataclasses.MISSING and name not in data)
-        if missing:
-            raise ValueError(f"tensor-parallel case is missing field(s) {missing}")
-        values = {}
-        for name, value in data.items():
-            if name in derived:
-                continue
-            values[name] = _field_value(name, value, _FIELD_TYPES[name])
-        case = cls(**values)
-        for name in derived & set(data):
-            if data[name] != case.to_json()[name]:
-                raise ValueError(f"field {name!r} is {data[name]!r}, but the case's other fields make it {case.to_json()[name]!r}")
-        return case
+        return case_from_json(cls, data, _FIELD_TYPES, "tensor-parallel case")
 
 
 _FIELD_TYPES = {
     "layer": str, "fully_sharded": bool, "tp_size": int, "dtype": str, "seq_lens": "ints", "seq_slots": "ints",
     "num_slots": int, "max_rank": int, "hidden_size": int, "output_slices": "ints", "scale": float,
-    "is_prefill": bool, "seed": int, "family": str, "kv_replicas": int,
+    "is_prefill": bool, "seed": int, "family": str, "kv_replicas": int, "index_kv_replicas": int,
 }
 
 
@@ -205,3 +215,32 @@ def _field_value(name: str, value, kind):
     if kind in (bool, str) and isinstance(value, kind):
         return value
     raise ValueError(f"field {name!r} must be {kind.__name__}, got {value!r}")
+
+
+_DERIVED = ("op", "output_width")  # written for readers of results.json (the report's clusters read these names)
+
+
+def case_to_json(case) -> dict:
+    """A tensor-parallel case record (``TPCase``, ``MoETPCase``) as JSON: its fields and the derived ``op``, ``output_width``."""
+    return {**{f.name: getattr(case, f.name) for f in dataclasses.fields(case)}, **{name: getattr(case, name) for name in _DERIVED}}
+
+
+def case_from_json(cls, data, field_types: dict, what: str):
+    """The ``cls`` record ``case_to_json`` wrote; a missing, unknown or mistyped field raises ``ValueError`` naming it,
+    and so does a derived field that the other fields contradict."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a {what} is a JSON object, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    derived = set(_DERIVED)
+    unknown = sorted(set(data) - set(fields) - derived)
+    if unknown:
+        raise ValueError(f"unknown {what} field(s) {unknown}; a case has {sorted(fields)}")
+    missing = sorted(name for name, f in fields.items() if f.default is dataclasses.MISSING and name not in data)
+    if missing:
+        raise ValueError(f"{what} is missing field(s) {missing}")
+    case = cls(**{name: _field_value(name, value, field_types[name]) for name, value in data.items() if name not in derived})
+    written = case_to_json(case)
+    for name in derived & set(data):
+        if data[name] != written[name]:
+            raise ValueError(f"field {name!r} is {data[name]!r}, but the case's other fields make it {written[name]!r}")
+    return case

@@ -5,8 +5,8 @@ target's ``add_shrink`` / ``add_expand`` / ``add_lora_linear``) and the collecti
 ranks (``conformance.tp.collectives``). Each returns the layer's *unsharded* output (every rank the
 same), which is what the suite judges: the column layers' outputs are gathered (vLLM's
 ``gather_output``) and put back slice by slice, the row layers' outputs are all-reduced (vLLM's
-``reduce_results``). Where ranks share a kv head (``kv_replicas`` > 1), each replica group's copy
-of k and v makes an output of its own, so a leading dimension holds one per group. ``docs/tensor-parallel.md`` gives the math and the vLLM functions each follows.
+``reduce_results``). Where ranks share a head (``kv_replicas`` or ``index_kv_replicas`` > 1), each replica
+group's copy makes an output of its own, so a leading dimension holds one per group. ``docs/tensor-parallel.md`` gives the math and the vLLM functions each follows.
 
 The base layer's output (``y`` before the delta) is split as vLLM's base layers leave it: the column
 layers' rank holds its columns; the row layers' partial sums are all on rank 0 (the other ranks hold
@@ -19,9 +19,23 @@ from __future__ import annotations
 import torch
 
 from .case import TPCase
-from .values import LayerTensors, column_shard, input_columns, lora_a_rank_rows, lora_b_rows, place_column_shards
+from .moe_case import MOE_WRAPPER_METHODS, MoETPCase
+from .moe_layer import moe_composition, moe_tensors
+from .values import LayerTensors, column_shard, input_columns, layer_tensors, lora_a_rank_rows, lora_b_rows, place_column_shards
 
 REQUIRED_WRAPPER_METHODS = ("add_shrink", "add_expand", "add_lora_linear")
+"""What vLLM's linear LoRA layers call on each rank; an MoE layer calls ``MOE_WRAPPER_METHODS`` instead."""
+WATCHED_WRAPPER_METHODS = REQUIRED_WRAPPER_METHODS + MOE_WRAPPER_METHODS
+
+
+def required_methods(case) -> tuple[str, ...]:
+    """The wrapper methods ``case``'s ranks call: a target lacking one does not support the case."""
+    return MOE_WRAPPER_METHODS if isinstance(case, MoETPCase) else REQUIRED_WRAPPER_METHODS
+
+
+def tensors_of(case):
+    """The case's unsharded tensors: ``LayerTensors`` for a linear layer, ``MoETensors`` for an MoE one."""
+    return moe_tensors(case) if isinstance(case, MoETPCase) else layer_tensors(case)
 
 
 def _buffer_dtype(x: torch.Tensor) -> torch.dtype:
@@ -35,16 +49,17 @@ def _local_slices(case: TPCase) -> tuple[int, ...]:
 
 def _gathered_columns(case: TPCase, local: torch.Tensor, collectives, initial: torch.Tensor) -> torch.Tensor:
     """All-gather the ranks' packed column outputs (rank-major) and put each rank's slices in their place:
-    ``[kv_replicas, T, Σ N_s]``, one unsharded output per replica group (each rank's copy of a
-    replicated kv head is judged, not just one of them)."""
+    ``[replica_groups, T, Σ N_s]``, one unsharded output per replica group (each rank's copy of a
+    replicated head is judged, not just one of them)."""
     gathered = collectives.all_gather(local, dim=-1)
     width = local.size(-1)
     shards = [gathered[:, r * width : (r + 1) * width] for r in range(case.tp_size)]
-    return torch.stack([place_column_shards(case, shards, initial, replica) for replica in range(case.kv_replicas)])
+    return torch.stack([place_column_shards(case, shards, initial, replica) for replica in range(case.replica_groups)])
 
 
 def column_parallel(case: TPCase, t: LayerTensors, wrapper, collectives, rank: int) -> torch.Tensor:
-    """``ColumnParallelLinearWithLoRA`` / ``MergedColumnParallelLinearWithLoRA`` / ``MergedQKVParallelLinearWithLoRA``:
+    """``ColumnParallelLinearWithLoRA`` / ``MergedColumnParallelLinearWithLoRA`` / ``MergedQKVParallelLinearWithLoRA``
+    / ``Step5FusedQKVIndexerWithLoRA`` (vLLM 0.33, seven slices):
     LoRA-A whole on every rank, LoRA-B cut to the rank's output columns of each slice; one
     ``add_lora_linear`` on the rank's columns; the outputs all-gathered."""
     y = column_shard(t.y, case, rank)
@@ -96,8 +111,10 @@ def row_parallel_fully_sharded(case: TPCase, t: LayerTensors, wrapper, collectiv
     return collectives.all_reduce(y)[None]
 
 
-def composition(case: TPCase):
+def composition(case: TPCase | MoETPCase):
     """The function every rank runs for ``case``."""
+    if isinstance(case, MoETPCase):
+        return moe_composition(case)
     if case.layer == "row":
         return row_parallel_fully_sharded if case.fully_sharded else row_parallel
     return column_parallel_fully_sharded if case.fully_sharded else column_parallel
@@ -105,11 +122,9 @@ def composition(case: TPCase):
 
 def run_rank(case: TPCase, tensors: LayerTensors, wrapper, collectives, rank: int, device: torch.device) -> torch.Tensor:
     """One rank's part of ``case`` on ``device`` (``update_metadata`` already called); the unsharded output
-    of each replica group, ``[kv_replicas, T, Σ N_s]`` (one group but for replicated kv heads), on the CPU."""
-    on_device = LayerTensors(
-        tensors.x.to(device), tuple(a.to(device) for a in tensors.lora_a), tuple(b.to(device) for b in tensors.lora_b), tensors.y.to(device)
-    )
-    output = composition(case)(case, on_device, wrapper, collectives, rank)
+    of each replica group, ``[replica_groups, T, Σ N_s]`` (one group but for replicated heads), on the CPU;
+    an MoE case's joined output ``[1, T·top_k, judged_width]``."""
+    output = composition(case)(case, tensors.on(device), wrapper, collectives, rank)
     if hasattr(wrapper, "synchronize"):
         wrapper.synchronize()
     return output.cpu()

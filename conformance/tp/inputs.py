@@ -17,7 +17,7 @@ import torch
 
 from conformance.verdict.metrics import bitwise_differences
 
-from .composition import REQUIRED_WRAPPER_METHODS
+from .composition import WATCHED_WRAPPER_METHODS
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -33,7 +33,8 @@ def _changed(now: torch.Tensor, then: torch.Tensor) -> bool:
 
 
 class ReadOnlyInputs:
-    """``wrapper`` with its ``add_shrink`` / ``add_expand`` / ``add_lora_linear`` watched; every other attribute passes through."""
+    """``wrapper`` with its ``add_shrink`` / ``add_expand`` / ``add_lora_linear`` (and the MoE ``add_lora_w13`` /
+    ``add_lora_w2``) watched; every other attribute passes through."""
 
     def __init__(self, wrapper) -> None:
         self._wrapper = wrapper
@@ -41,7 +42,7 @@ class ReadOnlyInputs:
 
     def __getattr__(self, name: str):
         method = getattr(self._wrapper, name)
-        if name not in REQUIRED_WRAPPER_METHODS:
+        if name not in WATCHED_WRAPPER_METHODS:
             return method
         names = list(inspect.signature(method).parameters)
 

@@ -26,7 +26,9 @@ from conformance.verdict.failure_kind import ordered
 from .case import TPCase
 from .collectives import run_in_threads
 from .composition import run_rank
-from .values import LayerTensors, in_replica, layer_tensors, rank_columns, replica_ranks
+from .moe_case import MoETPCase
+from .moe_judgement import judge_moe_output
+from .values import LayerTensors, column_ranges, in_replica, layer_tensors, rank_columns, replica_sources
 
 
 def oracle_output(case: TPCase, tensors: LayerTensors) -> torch.Tensor:
@@ -53,7 +55,7 @@ def oracle_magnitude(case: TPCase, tensors: LayerTensors) -> torch.Tensor:
 
 def baseline_output(case: TPCase, tensors: LayerTensors) -> torch.Tensor:
     """The composition run by the reference in the case dtype, the ranks as threads of this process:
-    ``[kv_replicas, T, Σ N_s]``, as ``composition.run_rank`` gives it."""
+    ``[replica_groups, T, Σ N_s]``, as ``composition.run_rank`` gives it."""
     def one_rank(rank: int, collectives) -> torch.Tensor:
         reference = PunicaWrapperReference()
         reference.update_metadata(case_mapping(case))
@@ -82,7 +84,7 @@ def describe_columns(case: TPCase, columns: tuple[int, ...], limit: int = 6, rep
     """"columns 8–15 (slice 1, rank 1)": which slice each column is in, and which rank's shard computes it
     (in replica group ``replica``'s output, where ranks share kv heads)."""
     if case.layer == "row" and not case.fully_sharded:
-        return f"columns {_ranges(columns, limit)} (every rank adds a partial delta to every column)"
+        return f"columns {column_ranges(columns, limit)} (every rank adds a partial delta to every column)"
     owner: dict[tuple[int, int], list[int]] = {}  # (rank, slice) → columns
     for column in columns:
         for rank, s, start, end in _column_owners(case, replica):
@@ -90,20 +92,10 @@ def describe_columns(case: TPCase, columns: tuple[int, ...], limit: int = 6, rep
                 owner.setdefault((rank, s), []).append(column)
     parts = []
     for (rank, s), cols in sorted(owner.items()):
-        where = f"slice {s}, rank {rank}" if case.num_slices > 1 else f"rank {rank}"
-        parts.append(f"columns {_ranges(cols, limit)} ({where})")
+        name = f" ({case.slice_name(s)})" if case.layer == "qkv_indexer" else ""
+        where = f"slice {s}{name}, rank {rank}" if case.num_slices > 1 else f"rank {rank}"
+        parts.append(f"columns {column_ranges(cols, limit)} ({where})")
     return "; ".join(parts)
-
-
-def _ranges(columns, limit: int) -> str:
-    runs: list[list[int]] = []
-    for c in sorted(set(columns)):
-        if runs and c == runs[-1][1] + 1:
-            runs[-1][1] = c
-        else:
-            runs.append([c, c])
-    shown = [f"{a}" if a == b else f"{a}–{b}" for a, b in runs[:limit]]
-    return ", ".join(shown) + (", …" if len(runs) > limit else "")
 
 
 def failing_ranks(case: TPCase, columns: tuple[int, ...], replica: int = 0) -> tuple[int, ...]:
@@ -115,19 +107,22 @@ def failing_ranks(case: TPCase, columns: tuple[int, ...], replica: int = 0) -> t
 
 def judge_output(case: TPCase, actual: torch.Tensor, tensors: LayerTensors | None = None):
     """``(verdict, message, failing_slots, failing_ranks, kinds)`` for the gathered ``actual``
-    (``[kv_replicas, T, Σ N_s]``): every replica group's output is judged; the verdict returned is the
-    first failing one's (else the first's), the message, slots, ranks and kinds cover them all."""
+    (``[replica_groups, T, Σ N_s]``): every replica group's output is judged; the verdict returned is the
+    first failing one's (else the first's), the message, slots, ranks and kinds cover them all. An MoE
+    case is judged by ``conformance.tp.moe_layer.judge_moe_output``."""
+    if isinstance(case, MoETPCase):
+        return judge_moe_output(case, actual, tensors)
     tensors = tensors or layer_tensors(case)
     oracle, baseline = oracle_output(case, tensors), baseline_output(case, tensors)
     delta, magnitude, written = oracle_delta(case, tensors), oracle_magnitude(case, tensors), written_mask(case)
-    verdicts = [judge(actual[j], oracle, baseline[j], tensors.y, written, delta, magnitude) for j in range(case.kv_replicas)]
+    verdicts = [judge(actual[j], oracle, baseline[j], tensors.y, written, delta, magnitude) for j in range(case.replica_groups)]
     failing = [(j, verdict) for j, verdict in enumerate(verdicts) if not verdict.passed]
     if not failing:
         return verdicts[0], "", (), (), ()
     row_slots = case.token_slots
     details, slots, ranks, kinds = [], set(), set(), []
     for j, verdict in failing:
-        group = f"replica group {j} (ranks {', '.join(map(str, replica_ranks(case, j)))} for k and v): " if case.kv_replicas > 1 else ""
+        group = f"replica group {j} ({replica_sources(case, j)}): " if case.replica_groups > 1 else ""
         for problem in verdict.problems:
             where = [describe_rows(problem.rows, row_slots)] if problem.rows else []
             where += [describe_columns(case, problem.columns, replica=j)] if problem.columns else []

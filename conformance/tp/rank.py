@@ -70,9 +70,8 @@ def main(argv: list[str]) -> int:
     from conformance.targets import load
 
     from .collectives import ProcessGroupCollectives
-    from .composition import run_rank
+    from .composition import run_rank, tensors_of
     from .inputs import ReadOnlyInputs
-    from .values import layer_tensors
 
     rank, world_size = config["rank"], config["world_size"]
     try:
@@ -94,7 +93,7 @@ def main(argv: list[str]) -> int:
         try:
             target.update_metadata(case_mapping(case))
             watched = ReadOnlyInputs(target)
-            output = run_rank(case, layer_tensors(case), watched, collectives, rank, target.device)
+            output = run_rank(case, tensors_of(case), watched, collectives, rank, target.device)
         except NotImplementedError as exc:
             reply(Tag.NOT_SUPPORTED, _error_text(exc))
         except Exception as exc:  # noqa: BLE001 - any exception from the target is the broken outcome

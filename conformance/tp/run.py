@@ -4,8 +4,8 @@
 of another size ends it first: two cores do not hold eight idle ranks well), sends each case to its
 ranks, judges rank 0's gathered output (``conformance.tp.judgement``) and turns whatever happened into
 a :class:`TPResult`, a ``CaseResult`` at level ``layer``. A target runs the cases iff it implements
-the three wrapper methods vLLM's linear LoRA layers call (``add_shrink``, ``add_expand``,
-``add_lora_linear``), decided from its facts (``conformance.targets.facts``: this process, the
+the wrapper methods its layer calls (vLLM's linear LoRA layers: ``add_shrink``, ``add_expand``,
+``add_lora_linear``; the MoE LoRA layer: ``add_lora_w13``, ``add_lora_w2``), decided from its facts (``conformance.targets.facts``: this process, the
 referee's, never imports the target), so an unsupported target never starts a pool.
 """
 
@@ -23,8 +23,9 @@ from conformance.verdict.failure_kind import ordered
 from conformance.verdict.metrics import spread
 
 from .case import TPCase
-from .composition import REQUIRED_WRAPPER_METHODS
+from .composition import required_methods
 from .judgement import judge_output
+from .moe_case import MoETPCase
 from .pool import RankFailure, RankPool
 
 TP_CASE_TIMEOUT = 120.0  # seconds: a TP case takes about a second; the profile's timeout is sized for op workers
@@ -34,7 +35,7 @@ TP_CASE_TIMEOUT = 120.0  # seconds: a TP case takes about a second; the profile'
 class TPResult(CaseResult):
     """One tensor-parallel case's result: an op case's record at level "layer", with the ranks a failure names."""
 
-    case: TPCase
+    case: TPCase | MoETPCase
     failing_ranks: tuple[int, ...] = ()
 
     @property
@@ -45,12 +46,15 @@ class TPResult(CaseResult):
         return {**super().to_json(), "failing_ranks": list(self.failing_ranks)}
 
 
-def unsupported_reason(facts: TargetFacts, case: TPCase) -> str | None:
+def unsupported_reason(facts: TargetFacts, case: TPCase | MoETPCase) -> str | None:
     """Why the target does not run ``case``, from its facts (no target is loaded for this)."""
-    missing = [m for m in REQUIRED_WRAPPER_METHODS if not facts.defines(m)]
+    required = required_methods(case)
+    missing = [m for m in required if not facts.defines(m)]
     if missing:
-        return (f"{facts.name} does not implement {', '.join(missing)} (the tensor-parallel LoRA layers call "
-                f"{', '.join(REQUIRED_WRAPPER_METHODS)} on each rank)")
+        layers = "MoE LoRA layer calls" if isinstance(case, MoETPCase) else "linear LoRA layers call"
+        why = [f"{m}: {facts.why_not_implemented[m]}" for m in missing if m in facts.why_not_implemented]
+        return (f"{facts.name} does not implement {', '.join(missing)} (the tensor-parallel {layers} "
+                f"{', '.join(required)} on each rank)" + (f"; {'; '.join(why)}" if why else ""))
     if not facts.claims(case.dtype):
         return f"{facts.name} does not support {case.dtype}"
     if facts.distributed_backend is None:
@@ -104,7 +108,7 @@ class TPExecutor:
             self._pool = RankPool(self.target_name, tp_size, torch_threads=self.torch_threads, devices=devices, device_env=variable)
         return self._pool
 
-    def run(self, case: TPCase) -> TPResult:
+    def run(self, case: TPCase | MoETPCase) -> TPResult:
         features = case.features()
         reason = unsupported_reason(self.facts, case)
         if reason:
@@ -150,7 +154,7 @@ class TPExecutor:
         return result
 
     @staticmethod
-    def _judged(case: TPCase, answers: list, features, seconds: float) -> TPResult:
+    def _judged(case: TPCase | MoETPCase, answers: list, features, seconds: float) -> TPResult:
         """One call of the case: rank 0's gathered output judged here, every rank's writes into its inputs named."""
         output = answers[0][0]
         modified = [(rank, text) for rank, (_, texts) in enumerate(answers) for text in texts]

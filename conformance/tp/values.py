@@ -39,6 +39,9 @@ class LayerTensors:
     def to(self, dtype: torch.dtype) -> LayerTensors:
         return self.map(lambda tensor: tensor.to(dtype))
 
+    def on(self, device: torch.device) -> LayerTensors:
+        return self.map(lambda tensor: tensor.to(device))
+
 
 def layer_tensors(case: TPCase) -> LayerTensors:
     """The case's tensors in its dtype (drawn in float64 from its seed, then rounded once)."""
@@ -69,7 +72,7 @@ def rank_columns(case: TPCase, rank: int) -> list[tuple[int, int]]:
 
     Column layers: each slice's shard ``N_s / shards_s`` wide at ``start_s + shard · N_s / shards_s``
     (vLLM's ``slice_lora_b``: slice by slice for merged and QKV layers; the shard is the rank, or the
-    ``kv_shard_id`` of replicated k and v, ``case.shard_of``). Fully sharded row layers: the rank's
+    ``kv_shard_id`` of replicated heads, ``case.shard_of``). Fully sharded row layers: the rank's
     LoRA-B rows ``[rank · N / tp, (rank + 1) · N / tp)``. A row layer that is not fully sharded has
     every rank add to every column (its delta is a partial sum): all of them.
     """
@@ -85,14 +88,22 @@ def rank_columns(case: TPCase, rank: int) -> list[tuple[int, int]]:
 
 def in_replica(case: TPCase, s: int, rank: int, replica: int) -> bool:
     """Whether ``rank``'s shard of slice ``s`` is part of replica group ``replica``'s output: every rank's
-    q (and every slice of a layer without replicated kv heads); k and v only from the ranks ``r`` with
-    ``r % kv_replicas == replica``, one per kv head (:func:`replica_ranks`)."""
-    return case.slice_shards[s] == case.tp_size or rank % case.kv_replicas == replica
+    shard of a slice no two ranks share (q, gate, every slice of a layer without replicated heads); of a
+    slice shared by ``n`` ranks, only the shard of the ranks ``r`` with ``r % n == replica % n``, one per
+    head (:func:`replica_sources`)."""
+    replicas = case.slice_replicas[s]
+    return rank % replicas == replica % replicas
 
 
-def replica_ranks(case: TPCase, replica: int) -> list[int]:
-    """The ranks whose k and v columns make up replica group ``replica`` of the output."""
-    return [rank for rank in range(case.tp_size) if rank % case.kv_replicas == replica]
+def replica_sources(case: TPCase, replica: int) -> str:
+    """Which ranks supply the replicated slices of replica group ``replica``: "k, v from ranks 1, 3"."""
+    sources: dict[tuple[int, ...], list[str]] = {}
+    for s, replicas in enumerate(case.slice_replicas):
+        if replicas > 1:
+            ranks = tuple(r for r in range(case.tp_size) if in_replica(case, s, r, replica))
+            sources.setdefault(ranks, []).append(case.slice_name(s))
+    return "; ".join(f"{', '.join(names)} from rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+                     for ranks, names in sources.items())
 
 
 def column_shard(tensor: torch.Tensor, case: TPCase, rank: int) -> torch.Tensor:
@@ -102,7 +113,7 @@ def column_shard(tensor: torch.Tensor, case: TPCase, rank: int) -> torch.Tensor:
 
 def place_column_shards(case: TPCase, shards: list[torch.Tensor], into: torch.Tensor, replica: int = 0) -> torch.Tensor:
     """The unsharded output from every rank's packed columns (the inverse of :func:`column_shard`). With
-    replicated kv heads, several ranks hold the same k and v columns: ``replica`` says whose are placed."""
+    replicated heads, several ranks hold the same columns: ``replica`` says whose are placed."""
     out = into.clone()
     for rank, shard in enumerate(shards):
         local = 0
@@ -132,3 +143,15 @@ def input_columns(case: TPCase, rank: int) -> slice:
     """Row layers: the input features ``rank`` holds (``x``'s columns, LoRA-A's columns)."""
     shard = case.hidden_size // case.tp_size
     return slice(rank * shard, (rank + 1) * shard)
+
+
+def column_ranges(columns, limit: int) -> str:
+    """``"0–3, 8, 10–11"``: sorted columns as runs, at most ``limit`` runs shown."""
+    runs: list[list[int]] = []
+    for c in sorted(set(columns)):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    shown = [f"{a}" if a == b else f"{a}–{b}" for a, b in runs[:limit]]
+    return ", ".join(shown) + (", …" if len(runs) > limit else "")

@@ -6,7 +6,8 @@ import math
 
 import torch
 
-_INT_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
+_INT_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64,
+             torch.float8_e4m3fn: torch.int8, torch.float8_e5m2: torch.int8}  # the fp8 ops' inputs
 
 
 def bitwise_differences(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:

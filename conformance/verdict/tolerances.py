@@ -47,6 +47,18 @@ Why these numbers (measured with a correct target that sums in another order, th
 
 tests/verdict/test_verdict_calibration.py keeps the correct target below 0.75 of the budget on four seeds.
 
+The fp8 ops (lora_shrink_fp8, lora_expand_fp8) use this table unchanged, by derivation (docs/verdict.md,
+*fp8 ops*): their operands are e4m3fn codes (4 significant bits, so the product of two is exact in
+every format) and float32 scales (``amax / 448``, arbitrary float32 numbers). Scaling the float32 sum
+of the code products by ``fl(a_scale · b_scale)`` (vLLM's kernels; per block partial sum block-wise)
+rounds twice, at most 2u of each scaled sum; dequantizing each ``code · scale`` in float32 first rounds
+each factor once, at most 2u of each product: either way at most ``eps(float32) · terms`` beyond the
+order of the float32 sum (u = eps / 2), 1.15 eps · terms with the order's measured 0.15, inside
+``accumulation_ulps = 2``; the output rounding is the floor's. Dequantizing into bfloat16 rounds each
+value by up to 2⁻⁹ = 2¹⁵ u: a fault, not an allowance (the float32 shrink buffer would then hold a
+16-bit result, ``fault-shrink-in-input-dtype``'s error). tests/verdict/test_fp8_calibration.py holds
+three correct targets below half the budget over 1,000 seeds.
+
 Systematic error (``SYSTEMATIC_THRESHOLDS``, the rule in ``conformance.verdict.systematic``): beside the
 budget, a result is flagged when the least-squares multiple of the LoRA delta in its error, the bias
 ``α``, is both material and significant:

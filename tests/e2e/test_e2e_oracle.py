@@ -31,6 +31,9 @@ from conformance.e2e.cases import (
     MOE_MODEL,
     PARALLEL_ADAPTERS,
     PARALLEL_MODEL,
+    PATTERN_ADAPTERS,
+    PATTERNS,
+    PATTERNS_RSLORA,
     PROMPTS,
 )
 from conformance.e2e.decoder_engine import DecoderEngine
@@ -48,6 +51,8 @@ MIXED = {  # a batch per model: every adapter, and base requests
     PARALLEL_MODEL: ([K_UP, None, FIVE, GATE_UP, None, FIVE], 3),
 }
 MODELS = [DENSE_MODEL, MOE_MODEL, PARALLEL_MODEL]
+# the adapters with per-module ranks and alphas (rank_pattern / alpha_pattern) beside a plain one, on the Llama
+PATTERNS_MIXED = ([PATTERNS, None, "attn-qv-r8", PATTERNS_RSLORA, None, PATTERNS], 3)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +77,8 @@ def peft_logprobs(fixture: FixtureModel, adapter: str | None, ids: list[int]) ->
 
 
 @pytest.mark.parametrize(("model", "adapter"), [(model, a) for model, adapters in
-                                               ((DENSE_MODEL, ADAPTERS), (MOE_MODEL, MOE_ADAPTERS), (PARALLEL_MODEL, PARALLEL_ADAPTERS))
+                                               ((DENSE_MODEL, ADAPTERS + PATTERN_ADAPTERS), (MOE_MODEL, MOE_ADAPTERS),
+                                                (PARALLEL_MODEL, PARALLEL_ADAPTERS))
                                                for a in (None, *adapters)])
 def test_decoder_matches_peft_for_base_and_every_adapter(runner, model, adapter):
     fixture = runner.model(model)
@@ -93,9 +99,10 @@ def test_decoder_matches_peft_for_base_and_every_adapter(runner, model, adapter)
                 assert int(row.argmax()) == taken.token, (adapter, generation.request.prompt, step)
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_mixed_batch_matches_peft_per_request(runner, model):
-    fixture, (names, max_loras) = runner.model(model), MIXED[model]
+@pytest.mark.parametrize(("model", "batch"), [*((model, MIXED[model]) for model in MODELS), (DENSE_MODEL, PATTERNS_MIXED)],
+                         ids=[*MODELS, "patterns"])
+def test_mixed_batch_matches_peft_per_request(runner, model, batch):
+    fixture, (names, max_loras) = runner.model(model), batch
     requests = [Request(prompt, name) for prompt, name in zip(PROMPTS, names)]
     batch = fixture.reference.generate(requests, NEW_TOKENS, 5, max_loras=max_loras)
     for generation in batch:

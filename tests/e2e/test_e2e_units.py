@@ -336,7 +336,8 @@ def test_the_mixed_batch_exposes_the_no_adapter_corner():
 def test_smoke_is_a_subset_and_standard_has_every_kind_and_dtype():
     smoke, standard = e2e_cases("smoke"), e2e_cases("standard")
     assert set(smoke) < set(standard) == set(E2E_CASES)
-    assert {c.kind for c in standard} == {"teacher_forced_logits", "greedy_generation", "batch_invariance", "order_invariance"}
+    assert {c.kind for c in standard} == {"teacher_forced_logits", "greedy_generation", "batch_invariance", "order_invariance",
+                                          "token_classification"}
     assert {c.dtype for c in standard} == {"float32", "bfloat16", "float16"}
-    assert (len(standard), len(smoke)) == (60, 9)  # dense 30 + MoE 18 + packed5 12; smoke dense 5 + MoE 2 + packed5 2
+    assert (len(standard), len(smoke)) == (69, 9)  # dense 36 + MoE 18 + packed5 12 + token classifier 3; smoke dense 5 + MoE 2 + packed5 2
     assert len({c.case_id for c in standard}) == len(standard)

@@ -20,11 +20,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conformance import reference
 from conformance.generator import profile_cases
 from conformance.reference import LoRAKernelMeta
 from conformance.reference import fused_moe_lora as reference_fused_moe_lora
 from conformance.reference import lora_expand as reference_lora_expand
+from conformance.reference import lora_expand_fp8 as reference_lora_expand_fp8
 from conformance.reference import lora_shrink as reference_lora_shrink
+from conformance.reference import lora_shrink_fp8 as reference_lora_shrink_fp8
 from conformance.reference import moe_lora_align_block_size as reference_moe_lora_align_block_size
 from conformance.runner import make_values, run_case
 from conformance.targets import TargetUnavailable, load, resolve
@@ -33,10 +36,11 @@ from conformance.verdict import Outcome
 
 DENSE_OPS = (
     "lora_shrink", "lora_expand", "add_shrink", "add_expand", "add_lora_linear", "add_lora_embedding", "add_lora_logits",
-    "apply_lora_full_linear",
+    "apply_lora_full_linear", "token_classification_head",
 )
 MOE_OPS = ("fused_moe_lora", "moe_lora_align_block_size", "add_lora_w13", "add_lora_w2")
-CUDA_OPS = DENSE_OPS + MOE_OPS
+FP8_OPS = ("lora_shrink_fp8", "lora_expand_fp8")
+CUDA_OPS = DENSE_OPS + MOE_OPS + FP8_OPS
 no_cuda = not torch.cuda.is_available()
 ONE_SHOT_MAX_RANK = 128  # vLLM's _FUSED_MOE_LORA_ONE_SHOT_MAX_RANK: above it, or fully sharded, two kernels
 
@@ -318,6 +322,39 @@ def emulated_cuda_target(monkeypatch):
                               num_tokens_per_lora, lora_token_start_loc, _launched(lora_ids, num_active_loras),
                               no_lora_flag_cpu, offset_start, add_inputs)
 
+    def lora_shrink_fp8(inputs, lora_a_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
+                        num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras, scaling,
+                        b_scale, a_scale=None, group_k=0, group_n=0, use_fp8_w8a8=False, per_channel_quant=False):
+        calls.append("lora_shrink_fp8")
+        assert type(num_active_loras) is int  # the grid's third dimension: a host int, not a tensor
+        if no_lora_flag_cpu.item():
+            return
+        assert inputs.is_contiguous() and output_tensor.is_contiguous() and inputs.size(1) == lora_a_weights[0].size(-1)
+        assert not use_fp8_w8a8 or (a_scale is not None and b_scale is not None)
+        assert all(scale.is_contiguous() for scale in b_scale)  # vLLM's scale-pointer table asserts it
+        output_tensor.zero_()
+        launched = _launched(lora_ids, torch.tensor(num_active_loras))
+        reference_lora_shrink_fp8(inputs, lora_a_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
+                                  num_tokens_per_lora, lora_token_start_loc, launched, no_lora_flag_cpu, num_active_loras,
+                                  scaling, b_scale, a_scale, group_k, group_n, use_fp8_w8a8, per_channel_quant)
+
+    def lora_expand_fp8(inputs, lora_b_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
+                        num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras, b_scale,
+                        a_scale=None, offset_start=0, add_inputs=False, group_k=0, group_n=0, use_fp8_w8a8=False,
+                        per_channel_quant=False):
+        calls.append("lora_expand_fp8")
+        assert type(num_active_loras) is int
+        if no_lora_flag_cpu.item():
+            return
+        fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+        assert not use_fp8_w8a8 or (inputs.dtype in fp8 and all(w.dtype in fp8 for w in lora_b_weights))
+        assert inputs.size(0) == len(lora_b_weights) and output_tensor.is_contiguous()
+        launched = _launched(lora_ids, torch.tensor(num_active_loras))
+        reference_lora_expand_fp8(inputs, lora_b_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
+                                  num_tokens_per_lora, lora_token_start_loc, launched, no_lora_flag_cpu, num_active_loras,
+                                  b_scale, a_scale, offset_start, add_inputs, group_k, group_n, use_fp8_w8a8,
+                                  per_channel_quant)
+
     fused_moe_lora, moe_lora_align_block_size = _moe_stand_ins(moe_calls)
     # Only what needs a GPU: the probes, the device, the Triton ops and the _moe_C op (and LoRAKernelMeta,
     # which punica_gpu imports only when triton is present; it is plain torch).
@@ -330,9 +367,12 @@ def emulated_cuda_target(monkeypatch):
     monkeypatch.setattr(punica_gpu, "lora_expand", lora_expand, raising=False)
     monkeypatch.setattr(punica_gpu, "fused_moe_lora", fused_moe_lora, raising=False)
     monkeypatch.setattr(custom_ops, "moe_lora_align_block_size", moe_lora_align_block_size)
+    # the fp8 ops where TritonFp8LoRAKernels.from_vllm looks them up (their modules' registered ops)
+    monkeypatch.setattr(importlib.import_module("vllm.lora.ops.triton_ops.lora_shrink_fp8_op"), "lora_shrink_fp8", lora_shrink_fp8)
+    monkeypatch.setattr(importlib.import_module("vllm.lora.ops.triton_ops.lora_expand_fp8_op"), "lora_expand_fp8", lora_expand_fp8)
     monkeypatch.setattr(vllm_cuda.VllmCudaTarget, "default_device", classmethod(lambda cls: torch.device("cpu")))
     monkeypatch.setattr(vllm_cuda.VllmCudaTarget, "synchronize", lambda self: None)
-    for attribute in ("wrapper_class", "lora_config_class", "kernels", "moe_kernels"):
+    for attribute in ("wrapper_class", "lora_config_class", "kernels", "moe_kernels", "fp8_kernels"):
         monkeypatch.setattr(vllm_cuda.VllmCudaTarget, attribute, None)
     target = load("cuda")
     target.emulated_calls = calls
@@ -343,6 +383,8 @@ def emulated_cuda_target(monkeypatch):
 def _refused_by_design(case) -> bool:
     """The cases the cuda target declares not supported (docs/targets.md): float32, bias, and the MoE
     cases vLLM's API cannot express."""
+    if case.op in FP8_OPS:
+        return False  # claimed in every dtype
     if case.dtype == "float32" or case.bias:
         return True
     if case.offset_start and case.op == "add_lora_w13":
@@ -367,7 +409,7 @@ def test_emulated_target_runs_the_smoke_cases(emulated_cuda_target, smoke_cases)
         assert _refused_by_design(result.case), (result.case_id, result.message)
     passed = {r.case.op for r in by_outcome.get(Outcome.PASS, [])}
     assert passed == set(CUDA_OPS)
-    assert {"lora_shrink", "lora_expand"} <= set(target.emulated_calls)
+    assert {"lora_shrink", "lora_expand", *FP8_OPS} <= set(target.emulated_calls)
     assert {"fused_moe_lora", "moe_lora_align_block_size"} <= {name for name, _ in target.emulated_moe_calls}
     # one wrapper per (slots, capacity), reused
     assert len(target._wrappers) < sum(1 for _, c in smoke_cases if c.op.startswith("add_"))
@@ -545,6 +587,86 @@ def test_fused_moe_lora_binds_to_the_registered_op_schema():
     assert [p.name for p in op_parameters(custom_ops.moe_lora_align_block_size)] == list(
         inspect.signature(VllmCudaTarget.moe_lora_align_block_size).parameters
     )[1:]
+
+
+# -- the fp8 ops ---------------------------------------------------------------------------------
+
+
+def test_fp8_ops_bind_to_the_installed_registered_ops():
+    """vLLM's lora_shrink_fp8/lora_expand_fp8 (registered custom ops, also in the CPU build) take exactly the
+    target's parameters, in its order, so every argument reaches its own parameter positionally."""
+    from conformance.targets.vllm_cuda import TritonFp8LoRAKernels, VllmCudaTarget, bind_arguments
+
+    pytest.importorskip("vllm.lora.ops.triton_ops")
+    kernels = TritonFp8LoRAKernels.from_vllm()
+    assert isinstance(kernels, TritonFp8LoRAKernels), kernels
+    for op, params in (("lora_shrink_fp8", kernels.shrink_params), ("lora_expand_fp8", kernels.expand_params)):
+        ours = list(inspect.signature(getattr(VllmCudaTarget, op)).parameters)[1:]
+        assert [p.name for p in params] == ours == list(inspect.signature(getattr(reference, op)).parameters)
+        args, kwargs = bind_arguments(params, {name: name for name in ours}, op)
+        assert list(args) == ours and kwargs == {}
+
+
+def _fp8_recorders(calls):
+    def lora_shrink_fp8(inputs, lora_a_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
+                        num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras, scaling,
+                        b_scale, a_scale=None, group_k=0, group_n=0, use_fp8_w8a8=False, per_channel_quant=False):
+        calls.append(("shrink", dict(locals())))
+
+    def lora_expand_fp8(inputs, lora_b_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
+                        num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras, b_scale,
+                        a_scale=None, offset_start=0, add_inputs=False, group_k=0, group_n=0, use_fp8_w8a8=False,
+                        per_channel_quant=False):
+        calls.append(("expand", dict(locals())))
+
+    return lora_shrink_fp8, lora_expand_fp8
+
+
+@pytest.mark.parametrize("active", [4, torch.tensor([4], dtype=torch.int32)], ids=["int", "tensor"])
+def test_fp8_ops_pass_every_argument_to_vllms_op_by_name(active):
+    from conformance.targets.vllm_cuda import TritonFp8LoRAKernels, VllmCudaTarget
+
+    calls = []
+    target = VllmCudaTarget.__new__(VllmCudaTarget)  # no GPU here: only the adaptation runs
+    target.fp8_kernels = TritonFp8LoRAKernels(*_fp8_recorders(calls))
+    meta = _meta([1, -1, 1, 0], num_slots=3)
+    x, weights, out = torch.zeros(4, 8), [torch.zeros(3, 2, 8)], torch.zeros(1, 4, 2)
+    b_scale, a_scale = [torch.ones(3, 1, 1)], torch.ones(4, 1)
+    target.lora_shrink_fp8(x, weights, out, *meta, active, 0.5, b_scale, a_scale, 16, 8, True, False)
+    target.lora_expand_fp8(out, weights, x, *meta, active, b_scale, a_scale, 3, True, 16, 8, True, True)
+    (_, shrink), (_, expand) = calls
+    for got in (shrink, expand):
+        for name, tensor in zip(("token_lora_mapping", "token_indices_sorted_by_lora_ids", "num_tokens_per_lora",
+                                 "lora_token_start_loc", "lora_ids", "no_lora_flag_cpu"), meta):
+            assert got[name] is tensor
+        assert got["num_active_loras"] == 4 and type(got["num_active_loras"]) is int  # a grid dimension
+        assert got["b_scale"] is b_scale and got["a_scale"] is a_scale
+        assert (got["group_k"], got["group_n"], got["use_fp8_w8a8"]) == (16, 8, True)
+    assert shrink["inputs"] is x and shrink["output_tensor"] is out and shrink["scaling"] == 0.5
+    assert shrink["per_channel_quant"] is False and expand["per_channel_quant"] is True
+    assert expand["inputs"] is out and expand["output_tensor"] is x
+    assert expand["offset_start"] == 3 and expand["add_inputs"] is True
+
+
+def test_without_fp8_ops_the_fp8_cases_say_why(monkeypatch, emulated_cuda_target, smoke_cases):
+    from conformance.targets import vllm_cuda
+
+    def missing(name):
+        raise ImportError(f"No module named {name!r}")
+
+    kernels = emulated_cuda_target.fp8_kernels
+    monkeypatch.setattr(vllm_cuda, "importlib", SimpleNamespace(import_module=missing))
+    reason = vllm_cuda.TritonFp8LoRAKernels.from_vllm()
+    assert isinstance(reason, str) and "no fp8 LoRA ops" in reason and "\n" not in reason
+    monkeypatch.setattr(vllm_cuda.VllmCudaTarget, "fp8_kernels", reason)
+    fp8_cases = [case for _, case in smoke_cases if case.op in FP8_OPS]
+    assert {case.dtype for case in fp8_cases} == {"float16", "bfloat16", "float32"}
+    for case in fp8_cases:
+        assert emulated_cuda_target.unsupported_reason(case) == reason
+    monkeypatch.setattr(vllm_cuda.VllmCudaTarget, "fp8_kernels", kernels)
+    # with the ops, every fp8 case is claimed: float32 too (only the expand's output has the case dtype,
+    # and vLLM's fp8 kernels store into any float dtype)
+    assert all(emulated_cuda_target.unsupported_reason(case) is None for case in fp8_cases)
 
 
 def test_the_one_rank_group_is_set_up_for_the_call_and_an_existing_one_reused():

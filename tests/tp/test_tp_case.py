@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conformance.tp.case import LAYERS, TPCase
+from conformance.tp.case import FULLY_SHARDED_LAYERS, LAYERS, TPCase
 from conformance.tp.cases import tp_cases
 
 
@@ -18,7 +18,7 @@ def a_case(**changes) -> TPCase:
 
 def test_json_round_trip_of_every_standard_case():
     for case in tp_cases("standard"):
-        assert TPCase.from_json(json.loads(json.dumps(case.to_json()))) == case
+        assert type(case).from_json(json.loads(json.dumps(case.to_json()))) == case
 
 
 @pytest.mark.parametrize(
@@ -69,13 +69,18 @@ def test_a_case_vllm_could_not_shard_is_refused(changes, words):
 def test_profiles_cover_every_layer_sharding_and_tp_size_deterministically():
     smoke, standard = tp_cases("smoke"), tp_cases("standard")
     for cases in (smoke, standard):
-        assert {(c.layer, c.fully_sharded, c.tp_size) for c in cases} == {(la, fs, tp) for la in LAYERS for fs in (False, True) for tp in (2, 4)}
+        layers = {(c.layer, c.fully_sharded, c.tp_size) for c in cases if isinstance(c, TPCase)}
+        assert layers == {(la, fs, tp) for la in LAYERS for fs in (False, True) for tp in (2, 4) if la in FULLY_SHARDED_LAYERS or not fs}
         assert len({c.case_id for c in cases}) == len(cases)
-    assert len(smoke) == 20 and len(standard) == 120
-    replicated = {(c.tp_size, c.fully_sharded) for c in smoke if c.kv_replicas == 2}
-    assert replicated == {(tp, fs) for tp in (2, 4) for fs in (False, True)} and all(c.layer == "qkv" for c in smoke if c.kv_replicas > 1)
+    assert len(smoke) == 20 + 2 + 4 and len(standard) == 120 + 12 + 36  # linear, the 7-slice QKV + indexer, MoE
+    indexer = [c for c in standard if isinstance(c, TPCase) and c.layer == "qkv_indexer"]
+    assert {(c.tp_size, c.kv_replicas, c.index_kv_replicas) for c in indexer} == {(2, 1, 2), (4, 2, 4)}
+    assert all({"many_slices", "kv_replicated"} <= c.features() and c.num_slices == 7 for c in indexer)
+    replicated = {(c.tp_size, c.fully_sharded) for c in smoke if c.layer == "qkv" and c.kv_replicas == 2}
+    assert replicated == {(tp, fs) for tp in (2, 4) for fs in (False, True)}
     assert {c.dtype for c in standard} == {"float16", "bfloat16", "float32"}
     assert {c.case_id for c in smoke} <= {c.case_id for c in standard}  # a smoke failure's repro runs without --profile
     assert tp_cases("standard") == standard and tp_cases("standard", seed=1) != standard
     assert all({"neg1", "last_slot"} <= c.features() for c in smoke)
     assert any(c.layer == "qkv" and c.output_slices[0] != c.output_slices[1] for c in smoke)
+    assert all(c.kv_replicas == 1 or c.layer in ("qkv", "qkv_indexer") for c in standard if isinstance(c, TPCase))

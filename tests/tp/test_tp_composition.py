@@ -14,33 +14,76 @@ import torch
 from conformance.ops import case_mapping
 from conformance.reference.punica_wrapper import PunicaWrapperReference
 from conformance.tp import composition
-from conformance.tp.case import LAYERS, TPCase
+from conformance.tp.case import FULLY_SHARDED_LAYERS, TPCase
 from conformance.tp.collectives import run_in_threads
 from conformance.tp.judgement import baseline_output, judge_output, oracle_output
-from conformance.tp.values import layer_tensors, rank_columns, replica_ranks
+from conformance.tp.values import layer_tensors, lora_b_rows, rank_columns, replica_sources
 
 
-def case_of(layer: str, fully_sharded: bool, tp_size: int, dtype: str = "float32", kv_replicas: int = 1) -> TPCase:
-    slices = {"column": (32,), "merged_column": (16, 48), "qkv": (64, 16, 16), "row": (48,)}[layer]
+def case_of(layer: str, fully_sharded: bool, tp_size: int, dtype: str = "float32", kv_replicas: int = 1, index_kv_replicas: int = 1) -> TPCase:
+    slices = {"column": (32,), "merged_column": (16, 48), "qkv": (64, 16, 16), "row": (48,), "qkv_indexer": (32, 8, 8, 16, 4, 4, 8)}[layer]
     return TPCase(layer, fully_sharded, tp_size, dtype, seq_lens=(3, 2, 1, 4), seq_slots=(0, -1, 2, 1), num_slots=3,
-                  max_rank=8, hidden_size=32, output_slices=slices, scale=0.5, seed=11, kv_replicas=kv_replicas)
+                  max_rank=8, hidden_size=32, output_slices=slices, scale=0.5, seed=11, kv_replicas=kv_replicas,
+                  index_kv_replicas=index_kv_replicas)
 
 
-LAYER_KINDS = [(layer, 1) for layer in LAYERS] + [("qkv", 2)]
+LAYER_KINDS = [(layer, 1) for layer in FULLY_SHARDED_LAYERS] + [("qkv", 2)]
 
 
 @pytest.mark.parametrize("tp_size", [2, 4])
 @pytest.mark.parametrize("fully_sharded", [False, True])
 @pytest.mark.parametrize(("layer", "kv_replicas"), LAYER_KINDS)
 def test_the_composition_in_float64_is_the_unsharded_layer(layer, kv_replicas, fully_sharded, tp_size):
-    case = case_of(layer, fully_sharded, tp_size, kv_replicas=kv_replicas)
+    _assert_composition_is_the_unsharded_layer(case_of(layer, fully_sharded, tp_size, kv_replicas=kv_replicas))
+
+
+def _assert_composition_is_the_unsharded_layer(case: TPCase) -> None:
     tensors = layer_tensors(case).to(torch.float64)
     composed = baseline_output(case, tensors)  # the tensors' dtype: float64 here
-    assert composed.dtype == torch.float64 and composed.size(0) == kv_replicas  # one output per replica group
+    assert composed.dtype == torch.float64 and composed.size(0) == case.replica_groups  # one output per replica group
     rows_without_adapter = torch.tensor(case.token_slots) == -1
     for replica in composed:
         torch.testing.assert_close(replica, oracle_output(case, tensors), rtol=0, atol=1e-12)
         assert torch.equal(replica[rows_without_adapter], tensors.y[rows_without_adapter])  # bit for bit
+
+
+@pytest.mark.parametrize(("tp_size", "kv_replicas", "index_kv_replicas"), [(2, 1, 1), (2, 1, 2), (4, 2, 4), (4, 4, 2), (4, 1, 2)])
+def test_the_seven_slice_qkv_indexer_composition_in_float64_is_the_unsharded_layer(tp_size, kv_replicas, index_kv_replicas):
+    _assert_composition_is_the_unsharded_layer(case_of("qkv_indexer", False, tp_size, kv_replicas=kv_replicas,
+                                                       index_kv_replicas=index_kv_replicas))
+
+
+def test_the_qkv_indexer_slices_follow_step5s_offsets():
+    """TP 4, two ranks per kv head, one indexer k head on every rank (vLLM 0.33 ``Step5FusedQKVIndexerWithLoRA.slice_lora_b``):
+    q and gate by rank, k, v and index_q by ``rank // kv_replicas``, index_k and index_z whole on every rank."""
+    case = case_of("qkv_indexer", False, 4, kv_replicas=2, index_kv_replicas=4)
+    assert case.slice_shards == (4, 2, 2, 2, 1, 1, 4) and case.replica_groups == 4
+    q, k, v, index_q, index_k, index_z, gate = 0, 32, 40, 48, 64, 68, 72  # where each slice starts
+    assert rank_columns(case, 3) == [(q + 24, q + 32), (k + 4, k + 8), (v + 4, v + 8), (index_q + 8, index_q + 16),
+                                     (index_k, index_k + 4), (index_z, index_z + 4), (gate + 6, gate + 8)]
+    with pytest.raises(ValueError, match="no fully sharded form"):
+        case_of("qkv_indexer", True, 2)
+    with pytest.raises(ValueError, match="index_kv_replicas 2: only a QKV \\+ indexer layer replicates indexer heads"):
+        case_of("qkv", False, 4, index_kv_replicas=2)
+    with pytest.raises(ValueError, match=r"output_slices\[4\] = 3 must be a positive multiple of tp_size / index_kv_replicas = 2"):
+        TPCase("qkv_indexer", False, 4, "float32", seq_lens=(1,), seq_slots=(0,), num_slots=1, max_rank=8, hidden_size=16,
+               output_slices=(32, 8, 8, 16, 3, 3, 8), index_kv_replicas=2)
+
+
+def test_a_replicated_indexer_head_taken_by_rank_modulo_shards_fails_naming_the_ranks(monkeypatch):
+    """The classic kv_shard_id slip, ``rank % shards`` for ``rank // replicas``: at TP 4 with two ranks per head,
+    ranks 1 and 2 load the other head's LoRA-B rows of k, v, index_q, index_k and index_z."""
+    case = case_of("qkv_indexer", False, 4, kv_replicas=2, index_kv_replicas=2)
+
+    def modulo_rows(stacks, case, rank):
+        return tuple(stack[:, :, (rank % shards) * (width // shards) : (rank % shards + 1) * (width // shards), :].contiguous()
+                     for stack, width, shards in zip(stacks, case.output_slices, case.slice_shards))
+
+    monkeypatch.setattr(composition, "lora_b_rows", modulo_rows)
+    assert lora_b_rows is not modulo_rows
+    verdict, message, slots, ranks, _ = judge_output(case, _composed_with(case, lambda inner: inner))
+    assert not verdict.passed and ranks == (1, 2), message
+    assert "slice 4 (index_k), rank 1" in message and "slice 3 (index_q), rank 2" in message
 
 
 def test_kv_heads_shared_by_two_ranks_are_cut_by_kv_shard_id():
@@ -52,7 +95,7 @@ def test_kv_heads_shared_by_two_ranks_are_cut_by_kv_shard_id():
         [(0, 16), (64, 72), (80, 88)], [(16, 32), (64, 72), (80, 88)],
         [(32, 48), (72, 80), (88, 96)], [(48, 64), (72, 80), (88, 96)],
     ]
-    assert replica_ranks(case, 0) == [0, 2] and replica_ranks(case, 1) == [1, 3]
+    assert replica_sources(case, 0) == "k, v from ranks 0, 2" and replica_sources(case, 1) == "k, v from ranks 1, 3"
 
 
 def test_each_replica_of_a_shared_kv_head_is_judged_and_a_wrong_copy_names_its_rank():
@@ -64,7 +107,7 @@ def test_each_replica_of_a_shared_kv_head_is_judged_and_a_wrong_copy_names_its_r
     wrong[1, :, 64:72] = wrong[1, :, 72:80]  # rank 1 used kv head 1's LoRA-B for k (sliced by rank, not kv_shard_id)
     verdict, message, slots, ranks, _ = judge_output(case, wrong, tensors)
     assert not verdict.passed and ranks == (1,)
-    assert "replica group 1 (ranks 1, 3 for k and v)" in message and "slice 1, rank 1" in message
+    assert "replica group 1 (k, v from ranks 1, 3)" in message and "slice 1, rank 1" in message
     assert "replica group 0" not in message
 
 

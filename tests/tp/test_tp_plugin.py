@@ -32,7 +32,7 @@ def test_a_rank_fault_fails_the_gate_and_its_repro_reruns_that_one_case(tmp_path
     completed = pytest_run("conformance", FAULT, "--profile=smoke", "-m", "tp", report_dir=tmp_path / "run")
     assert completed.returncode == 1, completed.stdout[-2000:]
     results = records(tmp_path / "run")
-    assert len(results) == 20 and {r["level"] for r in results} == {"layer"}
+    assert len(results) == 26 and {r["level"] for r in results} == {"layer"}
     failed = [r for r in results if r["outcome"] == "fail"]
     # the shrink runs on rank 0 only: every layer that shrinks on more than one rank loses rank 1's part
     assert failed and all(r["failing_ranks"] and r["repro"] for r in failed)

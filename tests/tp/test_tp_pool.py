@@ -11,14 +11,17 @@ import pytest
 
 from conformance.targets.facts import probe
 from conformance.tp.case import TPCase
+from conformance.tp.moe_case import MoETPCase
 from conformance.tp.run import TPExecutor, rank_devices
 from conformance.verdict import FailureKind, Outcome
 
 
-def case_of(layer: str, fully_sharded: bool, tp_size: int, dtype: str = "float32", seed: int = 5, kv_replicas: int = 1) -> TPCase:
-    slices = {"column": (16,), "merged_column": (16, 32), "qkv": (32, 8, 8), "row": (16,)}[layer]
+def case_of(layer: str, fully_sharded: bool, tp_size: int, dtype: str = "float32", seed: int = 5, kv_replicas: int = 1,
+            index_kv_replicas: int = 1) -> TPCase:
+    slices = {"column": (16,), "merged_column": (16, 32), "qkv": (32, 8, 8), "row": (16,), "qkv_indexer": (32, 8, 8, 16, 4, 4, 8)}[layer]
     return TPCase(layer, fully_sharded, tp_size, dtype, seq_lens=(2, 1, 3), seq_slots=(1, -1, 0), num_slots=2,
-                  max_rank=8, hidden_size=16, output_slices=slices, scale=2.0, seed=seed, kv_replicas=kv_replicas)
+                  max_rank=8, hidden_size=16, output_slices=slices, scale=2.0, seed=seed, kv_replicas=kv_replicas,
+                  index_kv_replicas=index_kv_replicas)
 
 
 @pytest.fixture
@@ -42,6 +45,15 @@ def test_hpu_emulated_passes_every_layer_at_tp_2_and_4(executor_of):
                 result = executor.run(case_of(layer, fully_sharded, tp_size, "bfloat16", kv_replicas=kv_replicas))
                 assert result.outcome is Outcome.PASS, (result.case_id, result.message)
     assert executor.pool_starts == 2  # one pool per TP size, reused by its cases
+
+
+def test_hpu_emulated_passes_the_seven_slice_qkv_indexer_layer_and_a_shrink_fault_fails_it(executor_of):
+    executor = executor_of("hpu-emulated")
+    for tp_size, kv_replicas, index_kv_replicas in ((2, 1, 2), (4, 2, 4)):
+        result = executor.run(case_of("qkv_indexer", False, tp_size, "bfloat16", kv_replicas=kv_replicas, index_kv_replicas=index_kv_replicas))
+        assert result.outcome is Outcome.PASS, (result.case_id, result.message)
+    failed = executor_of("tp_fault_targets:Rank1DeltaTwoPercentHigh").run(case_of("qkv_indexer", False, 2, index_kv_replicas=2))
+    assert failed.outcome is Outcome.FAIL and 1 in failed.failing_ranks, failed.message
 
 
 def test_the_reference_passes_at_tp_2_and_4(executor_of):
@@ -125,3 +137,54 @@ def test_each_rank_gets_its_own_device_from_devices():
     assert rank_devices(None, "cpu", 4, None) == (None, None)
     with pytest.raises(ValueError, match=r"tensor parallelism 4 runs one rank per device, but --devices lists 2 \(0,1\)"):
         rank_devices(["0", "1"], "hpu", 4, None)
+
+
+# -- the MoE LoRA layer: add_lora_w13 / add_lora_w2 on every rank ----------------------------------------
+
+
+def moe_case(layer: str, tp_size: int, padded: bool, fused: bool = False, dtype: str = "float32") -> MoETPCase:
+    """Each rank holds 6 intermediate rows, allocated as 8 when padded (alignment 8)."""
+    return MoETPCase(layer, tp_size, dtype, seq_lens=(2, 1, 3), seq_slots=(1, -1, 0), num_slots=2, max_rank=8, hidden_size=16,
+                     intermediate_size=6 * tp_size, num_experts=4, top_k=2, alignment=8 if padded else 1, fused_w13=fused, seed=9)
+
+
+def test_hpu_emulated_passes_the_moe_layer_at_tp_2_and_4_padded_or_not(executor_of):
+    executor = executor_of("hpu-emulated")
+    for tp_size in (2, 4):
+        for layer, fused in (("moe_w13", False), ("moe_w13", True), ("moe_w2", False)):
+            for padded in (False, True):
+                result = executor.run(moe_case(layer, tp_size, padded, fused, "bfloat16"))
+                assert result.outcome is Outcome.PASS, (result.case_id, result.message)
+                assert "moe_tp" in result.features and ("padded_intermediate" in result.features) == padded
+    assert executor.pool_starts == 2
+
+
+def test_w13_slices_swapped_fail_naming_gate_and_up_of_every_rank(executor_of):
+    result = executor_of("tp_fault_targets:SwapsW13Halves").run(moe_case("moe_w13", 2, padded=True))
+    assert result.outcome is Outcome.FAIL and FailureKind.NUMERICS in result.kinds, result.message
+    assert result.failing_ranks == (0, 1) and "(gate, rank 0)" in result.message and "(up, rank 1)" in result.message
+    assert -1 not in result.failing_slots
+
+
+def test_up_at_the_unpadded_offset_fails_only_where_the_intermediate_is_padded(executor_of):
+    executor = executor_of("tp_fault_targets:PacksW13SlicesByLiveRows")
+    assert executor.run(moe_case("moe_w13", 4, padded=False)).outcome is Outcome.PASS  # no zero rows: nothing moves
+    result = executor.run(moe_case("moe_w13", 4, padded=True))
+    assert result.outcome is Outcome.FAIL and FailureKind.OUTSIDE_REGION in result.kinds, result.message
+    assert "(gate padding, rank 0)" in result.message and "(up, rank 3)" in result.message
+    assert result.failing_ranks == (0, 1, 2, 3)
+
+
+def test_a_w2_delta_reduced_twice_fails_every_rank(executor_of):
+    result = executor_of("tp_fault_targets:ReducesW2Itself").run(moe_case("moe_w2", 2, padded=True))
+    assert result.outcome is Outcome.FAIL and FailureKind.NUMERICS in result.kinds, result.message
+    assert result.failing_ranks == (0, 1) and "every rank adds a partial delta" in result.message
+    assert -1 not in result.failing_slots
+
+
+def test_a_target_without_moe_methods_is_not_supported_for_moe_only(executor_of):
+    executor = executor_of("tp_fault_targets:NoMoE")
+    result = executor.run(moe_case("moe_w13", 2, padded=False))
+    assert result.outcome is Outcome.NOT_SUPPORTED and "does not implement add_lora_w13, add_lora_w2" in result.message
+    assert executor.pool_starts == 0
+    assert executor.run(case_of("column", False, 2)).outcome is Outcome.PASS

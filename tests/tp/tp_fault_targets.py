@@ -92,3 +92,55 @@ class NoExpand(ReferenceTarget):
 
     name = "no-expand"
     add_expand = None
+
+
+# -- the MoE LoRA layer (conformance/tp/moe_layer.py) ------------------------------------------------
+
+
+class SwapsW13Halves(ReferenceTarget):
+    """``add_lora_w13`` takes the gate and up slices in the other order (a port that reads vLLM's
+    ``swap_w13_slices`` the wrong way round): gate's columns get up's delta and up's get gate's."""
+
+    name = "swaps-w13-halves"
+
+    def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, *args, **kwargs):
+        super().add_lora_w13(y, x, tuple(lora_a_stacked)[::-1], tuple(lora_b_stacked)[::-1], *args, **kwargs)
+
+
+class PacksW13SlicesByLiveRows(ReferenceTarget):
+    """``add_lora_w13`` drops each LoRA-B slice's trailing all-zero rows and writes the slices back to back:
+    on a rank whose intermediate size is padded, up lands at the unpadded offset ``I / tp`` instead of the
+    padded one, where the base w13 weight has it (vLLM 0.32's slicing put it there too). Unpadded, the
+    slices have no zero rows and it is correct."""
+
+    name = "packs-w13-slices-by-live-rows"
+
+    def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, *args, **kwargs):
+        live = [int(b.abs().amax(dim=(0, 1, 3)).nonzero().max()) + 1 for b in lora_b_stacked]
+        trimmed = tuple(b[:, :, :rows, :] for b, rows in zip(lora_b_stacked, live))
+        packed = y[..., : sum(live)].contiguous()
+        super().add_lora_w13(packed, x, lora_a_stacked, trimmed, *args, **kwargs)
+        y[..., : sum(live)] = packed
+
+
+class ReducesW2Itself(ReferenceTarget):
+    """``add_lora_w2`` all-reduces its delta over the ranks before adding it (as vLLM's fused kernel does
+    between shrink and expand when fully sharded): the layer then reduces again, so the delta counts
+    ``tp`` times."""
+
+    name = "reduces-w2-itself"
+
+    def add_lora_w2(self, y, *args, **kwargs):
+        before = y.clone()
+        super().add_lora_w2(y, *args, **kwargs)
+        delta = y - before
+        dist.all_reduce(delta)
+        y.copy_(before + delta)
+
+
+class NoMoE(ReferenceTarget):
+    """A target without the MoE wrapper methods: its MoE TP cases are not supported, the linear ones run."""
+
+    name = "no-moe"
+    add_lora_w13 = None
+    add_lora_w2 = None

@@ -192,12 +192,14 @@ def _with_kernels(kernels: tuple[str, ...], **methods) -> PlainTorchTarget:
         pytest.param(LORA, DENSE_WRAPPERS, id="lora-dense-only"),
         pytest.param(CLASSIC + ("fused_moe_lora",), WRAPPER_OPS, id="classic-ops-naive-moe"),
         pytest.param(("lora_expand",), ("add_expand", "add_lora_embedding"), id="lora-expand-only"),
-        pytest.param(("lora_shrink",), ("add_shrink", "apply_lora_full_linear"), id="lora-shrink-only"),
+        pytest.param(("lora_shrink",), ("add_shrink", "apply_lora_full_linear", "token_classification_head"), id="lora-shrink-only"),
         pytest.param(("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice"), ("add_lora_logits", "apply_lora_full_linear"), id="bgmv-only"),
         pytest.param(("sgmv_shrink", "bgmv_shrink", "sgmv_expand_slice", "bgmv_expand_slice"),
-                     ("add_shrink", "add_expand", "add_lora_linear", "apply_lora_full_linear"), id="linear-classic"),
+                     ("add_shrink", "add_expand", "add_lora_linear", "apply_lora_full_linear", "token_classification_head"),
+                     id="linear-classic"),
         pytest.param(("lora_shrink", "sgmv_expand_slice", "bgmv_expand_slice"),
-                     ("add_shrink", "add_expand", "add_lora_linear", "apply_lora_full_linear"), id="mixed-compositions"),
+                     ("add_shrink", "add_expand", "add_lora_linear", "apply_lora_full_linear", "token_classification_head"),
+                     id="mixed-compositions"),
         pytest.param(MOE, MOE_WRAPPERS, id="moe-aligned"),
         pytest.param(("fused_moe_lora",), MOE_WRAPPERS, id="moe-naive"),
         pytest.param(("moe_lora_align_block_size",), (), id="moe-alignment-only"),
@@ -227,7 +229,9 @@ def test_the_moe_wrapper_ops_follow_from_fused_moe_lora_with_or_without_the_alig
 
 def test_an_overridden_wrapper_method_counts_and_composes():
     target = _with_kernels(("lora_expand",), add_shrink=lambda self, *args, **kwargs: None)
-    assert set(target.implemented_ops()) == {"lora_expand", "add_shrink", "add_expand", "add_lora_linear", "add_lora_embedding"}
+    assert set(target.implemented_ops()) == {
+        "lora_expand", "add_shrink", "add_expand", "add_lora_linear", "add_lora_embedding", "token_classification_head",
+    }
 
 
 def test_a_wrapper_method_set_to_none_is_not_implemented():

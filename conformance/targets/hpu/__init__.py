@@ -13,9 +13,12 @@ One idea per module:
 * ``rows``         the row state of a call: padded slot vector, masks built from it on the device;
 * ``mask_math``    the mask-based math (two dense GEMMs, ``torch.where``);
 * ``gather_math``  the earlier gather-based math (per-row ``index_select``), for comparison;
+* ``grouped_moe``  MoE LoRA grouped by (slot, expert) into static blocks: one weight gather per block, ``bmm``;
+* ``moe_align``    the (slot, expert) block alignment of the MoE pairs;
 * ``writeback``    how results land in the output (vLLM's rounding, untouched rows bit-identical);
 * ``engine``       one shrink / expand / fused step into caller tensors (padding, cache, device hooks);
 * ``wrapper``      vLLM's PunicaWrapper methods;  ``kernels``  vLLM's kernel ops;
+* ``fp8``          the fp8 kernel ops' dequantization and math (CPU, Gaudi 2's byte table, Gaudi 3's fp8 GEMM);
 * ``device``       CPU no-ops or the Habana runtime (lazy import, mode, mark_step, HPU graphs);
 * ``targets``      ``hpu``, ``hpu-gather``, ``hpu-emulated``, ``hpu-emulated-gather``;
 * ``vllm_wrapper`` the implementation as a subclass of vLLM's ``PunicaWrapperBase``;

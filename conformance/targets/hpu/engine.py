@@ -13,7 +13,10 @@ It is the layer between vLLM's calling conventions (``wrapper``, ``kernels``) an
 
 Which math runs is the *variant*: ``"mask"`` (Gaudi's mask-based BGMV, the default) or ``"gather"``
 (the earlier per-row ``index_select``). Both expose the same four operations below, so everything
-else is shared and the two can be compared case by case.
+else is shared and the two can be compared case by case. The fused-MoE LoRA has a *MoE variant* of
+its own: ``"grouped"`` (``grouped_moe``: pairs sorted by (slot, expert) into blocks, one weight gather
+per block), or the mask or gather math over virtual slots ``slot·E + expert``; by default the dense
+variant's.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 from . import gather_math, mask_math, writeback
 from .buckets import BucketPolicy
 from .device import CpuDeviceLayer, DeviceLayer
+from .grouped_moe import GroupedMoE
 from .rows import PaddedRows, RoutedPairs
 from .stacks import PreparedStacks, as_3d, bias_table, experts_of, flat_a, flat_b, moe_flat_a, moe_flat_b, moe_upcast_3d, upcast_3d
 
@@ -108,20 +112,29 @@ class GatherVariant:
 
 
 VARIANTS = {"mask": MaskVariant, "gather": GatherVariant}
+MOE_VARIANTS = ("grouped", *VARIANTS)
 
 
 class LoRAEngine:
     """Shrink / expand / fused LoRA steps into caller tensors, with bucketing, caching and device hooks."""
 
     def __init__(
-        self, variant: str = "mask", buckets: BucketPolicy | None = None, layer: DeviceLayer | None = None
+        self, variant: str = "mask", buckets: BucketPolicy | None = None, layer: DeviceLayer | None = None,
+        moe_variant: str | None = None,
     ) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown HPU LoRA variant {variant!r}; known: {', '.join(VARIANTS)}")
+        moe_variant = moe_variant or variant
+        if moe_variant not in MOE_VARIANTS:
+            raise ValueError(f"unknown HPU MoE LoRA variant {moe_variant!r}; known: {', '.join(MOE_VARIANTS)}")
         self.layer = layer if layer is not None else CpuDeviceLayer()
         self.buckets = buckets if buckets is not None else BucketPolicy()
         self.stacks = PreparedStacks()
         self.variant = VARIANTS[variant](self.stacks, self.layer.prepare)
+        if moe_variant == "grouped":
+            self.moe_variant = GroupedMoE(self.layer.prepare)
+        else:
+            self.moe_variant = self.variant if moe_variant == variant else VARIANTS[moe_variant](self.stacks, self.layer.prepare)
         self._merge = self.layer.prepare(writeback.merge)
         self._add_bias = self.layer.prepare(writeback.add_bias)
         self._accumulate = self.layer.prepare(writeback.accumulate)
@@ -235,20 +248,28 @@ class LoRAEngine:
             raise ValueError(f"{len(a_stacks)} LoRA-A stacks but {len(b_stacks)} LoRA-B stacks")
         width = b_stacks[0].size(2)
         _check_rows(pairs.rows(1), out=out)
-        if routing_weights is None:
-            x_pairs = pad_rows(x, pairs.padded // top_k).repeat_interleave(top_k, 0)
-            weight = None
-        else:
-            x_pairs = pad_rows(x, pairs.padded)
-            weight = pad_rows(routing_weights.reshape(-1, 1), pairs.padded).reshape(-1)
-        for s, (a_stack, b_stack) in enumerate(zip(a_stacks, b_stacks, strict=True)):
+        for a_stack, b_stack in zip(a_stacks, b_stacks, strict=True):
             if b_stack.size(2) != width:
                 raise ValueError(f"MoE slices have equal widths, got {[b.size(2) for b in b_stacks]}")
             if x.size(-1) != a_stack.size(3):
                 raise ValueError(f"inputs have {x.size(-1)} features but LoRA-A expects {a_stack.size(3)}")
+        pairs_per_row = top_k if routing_weights is None else 1
+        weight = None if routing_weights is None else pad_rows(routing_weights.reshape(-1, 1), pairs.padded).reshape(-1)
+        if isinstance(self.moe_variant, GroupedMoE):  # every slice from one block plan; x read in place, not per pair
+            if pairs.padded == 0:
+                return
+            x_rows = pad_rows(x, pairs.padded // pairs_per_row)
+            deltas = self.moe_variant.deltas(x_rows, a_stacks, b_stacks, pairs, pairs_per_row, weight)
+            for s, delta in enumerate(deltas):
+                self._finish(_columns(out, offset + s * width, width), delta, pairs.rows(1), add_inputs, None)
+            return
+        x_pairs = pad_rows(x, pairs.padded // pairs_per_row)
+        if pairs_per_row > 1:  # w13: each pair reads its token's row
+            x_pairs = x_pairs.repeat_interleave(pairs_per_row, 0)
+        for s, (a_stack, b_stack) in enumerate(zip(a_stacks, b_stacks, strict=True)):
             rows_b = pairs.rows(experts_of(b_stack))
-            shrunk = self.variant.moe_shrink(x_pairs, a_stack, pairs.rows(experts_of(a_stack)))
-            delta = self.variant.moe_expand(shrunk, b_stack, rows_b, weight)
+            shrunk = self.moe_variant.moe_shrink(x_pairs, a_stack, pairs.rows(experts_of(a_stack)))
+            delta = self.moe_variant.moe_expand(shrunk, b_stack, rows_b, weight)
             self._finish(_columns(out, offset + s * width, width), delta, rows_b, add_inputs, None)
 
     # -- helpers -----------------------------------------------------------------------------

@@ -9,7 +9,9 @@ steps as the wrapper:
 * ``sgmv_*``: segments → slots by a membership matrix (``slots_from_segments``);
 * ``lora_shrink`` / ``lora_expand``: the token-sorted ``LoRAKernelMeta`` → slots
   (``slots_from_sorted_metadata``), reading the segments, not ``token_lora_mapping``, as the kernels do;
-  ``no_lora_flag_cpu`` (a CPU tensor by contract) skips the call on the host.
+  ``no_lora_flag_cpu`` (a CPU tensor by contract) skips the call on the host;
+* ``lora_shrink_fp8`` / ``lora_expand_fp8``: the same rows, fp8 codes and their scales (``fp8``); the
+  shrink zeroes its whole output first, as vLLM's does.
 
 Shrink ops add into the caller's zeroed float32 buffer; expand ops honour ``add_inputs`` and never touch
 rows of slot −1 or columns outside their slice. Defaults are vLLM's (bgmv ``add_inputs=True``, sgmv and
@@ -21,13 +23,14 @@ from __future__ import annotations
 import torch
 
 from .engine import LoRAEngine
+from .fp8 import Fp8Steps, Quant, check_scales
 from .moe_align import align_block_size
 from .rows import RoutedPairs, enabled_slots, pairs_from_aligned_metadata, slots_from_segments, slots_from_sorted_metadata
 from .stacks import as_3d
 
 
 class HpuKernelOps:
-    """Mixin: the eight kernel ops over ``self.engine``."""
+    """Mixin: the kernel ops over ``self.engine``."""
 
     engine: LoRAEngine
 
@@ -112,6 +115,59 @@ class HpuKernelOps:
             self.engine.expand_into(output_tensor, inputs[s], lora_b, rows, column, add_inputs)
             column += as_3d(lora_b).size(1)
         self.engine.layer.after_op()
+
+    # -- lora_*_fp8: the same metadata, fp8 codes with their scales (``fp8``) ------------------
+
+    def lora_shrink_fp8(
+        self, inputs, lora_a_weights: list[torch.Tensor], output_tensor, token_lora_mapping,
+        token_indices_sorted_by_lora_ids, num_tokens_per_lora, lora_token_start_loc, lora_ids,
+        no_lora_flag_cpu, num_active_loras, scaling: float, b_scale: list[torch.Tensor], a_scale=None,
+        group_k: int = 0, group_n: int = 0, use_fp8_w8a8: bool = False, per_channel_quant: bool = False,
+    ) -> None:
+        """vLLM's argument order; ``num_active_loras`` only sizes the Triton grid and is not read."""
+        if bool(no_lora_flag_cpu.item()):
+            return
+        if output_tensor.size(0) != len(lora_a_weights):
+            raise ValueError(f"output has {output_tensor.size(0)} slices but {len(lora_a_weights)} LoRA-A stacks were given")
+        quant = Quant.of(use_fp8_w8a8, per_channel_quant, group_k, group_n)
+        check_scales("lora_shrink_fp8", quant, lora_a_weights, b_scale, a_scale)
+        meta = (token_lora_mapping, token_indices_sorted_by_lora_ids, num_tokens_per_lora, lora_token_start_loc, lora_ids)
+        rows = self._sorted_rows(inputs.size(0), *meta)
+        output_tensor.zero_()  # as vLLM's op: the whole buffer, rows of slot −1 and columns past the rank too
+        for s, lora_a in enumerate(lora_a_weights):
+            scales = b_scale[s] if quant.granularity != "none" else None
+            self._fp8_steps().shrink(output_tensor[s], inputs, lora_a, scales, a_scale, rows, scaling, quant)
+        self.engine.layer.after_op()
+
+    def lora_expand_fp8(
+        self, inputs, lora_b_weights: list[torch.Tensor], output_tensor, token_lora_mapping,
+        token_indices_sorted_by_lora_ids, num_tokens_per_lora, lora_token_start_loc, lora_ids,
+        no_lora_flag_cpu, num_active_loras, b_scale: list[torch.Tensor], a_scale=None, offset_start: int = 0,
+        add_inputs: bool = False, group_k: int = 0, group_n: int = 0, use_fp8_w8a8: bool = False,
+        per_channel_quant: bool = False,
+    ) -> None:
+        """vLLM's argument order; one ``a_scale`` serves every slice (the kernel has no slice stride for it)."""
+        if bool(no_lora_flag_cpu.item()):
+            return
+        if inputs.size(0) != len(lora_b_weights):
+            raise ValueError(f"inputs have {inputs.size(0)} slices but {len(lora_b_weights)} LoRA-B stacks were given")
+        quant = Quant.of(use_fp8_w8a8, per_channel_quant, group_k, group_n)
+        check_scales("lora_expand_fp8", quant, lora_b_weights, b_scale, a_scale)
+        meta = (token_lora_mapping, token_indices_sorted_by_lora_ids, num_tokens_per_lora, lora_token_start_loc, lora_ids)
+        rows = self._sorted_rows(inputs.size(1), *meta)
+        column = offset_start
+        for s, lora_b in enumerate(lora_b_weights):
+            scales = b_scale[s] if quant.granularity != "none" else None
+            self._fp8_steps().expand(output_tensor, inputs[s], lora_b, scales, a_scale, rows, column, add_inputs, quant)
+            column += as_3d(lora_b).size(1)
+        self.engine.layer.after_op()
+
+    def _fp8_steps(self) -> Fp8Steps:
+        """Made on first use, once per target: its prepared (compiled, captured) core functions persist."""
+        steps = getattr(self, "_fp8", None)
+        if steps is None or steps.engine is not self.engine:
+            steps = self._fp8 = Fp8Steps(self.engine)
+        return steps
 
     # -- the fused-MoE kernels -----------------------------------------------------------------
 

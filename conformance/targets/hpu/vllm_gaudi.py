@@ -32,6 +32,7 @@ from conformance.reference import LoRAMapping
 
 from .._vllm import lora_index_to_id, vllm_lora_mapping
 from ..base import Target, TargetUnavailable
+from ..classification_head import TokenHeadFromShrink
 from .buckets import BucketPolicy
 from .device import BRIDGE, BRIDGE_DESCRIPTION, HpuDeviceLayer, load_runtime, requested_mode
 from .rows import PaddedRows
@@ -72,7 +73,7 @@ def _import_first(names: tuple[str, ...], attribute: str) -> Any:
     raise TargetUnavailable(f"target {TARGET!r}: cannot find {attribute} in the installed vllm-gaudi ({'; '.join(errors)})")
 
 
-class VllmHpuTarget(Target):
+class VllmHpuTarget(TokenHeadFromShrink, Target):
     name = TARGET
     description = "the installed vllm-gaudi plugin's PunicaWrapperHPU (global LoraMask) on Intel Gaudi"
     generation_engine = "vllm"  # end to end: the real engine, LLM(enable_lora=True)
@@ -87,7 +88,10 @@ class VllmHpuTarget(Target):
     } | {
         # the plugin's wrapper computes through the global LoraMask in its own methods; it exposes no kernel op
         op: f"vllm-gaudi exposes no {op} kernel: PunicaWrapperHPU computes LoRA inside its wrapper methods (the `hpu` target judges the suite's Gaudi kernels)"
-        for op in ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice", "lora_shrink", "lora_expand")
+        for op in (
+            "bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice",
+            "lora_shrink", "lora_expand", "lora_shrink_fp8", "lora_expand_fp8",
+        )
     }
     wrapper_class: ClassVar[type | None] = None
     mask_holder: ClassVar[Any] = None
@@ -151,6 +155,9 @@ class VllmHpuTarget(Target):
         return "lora_bias_stacked" in inspect.signature(getattr(self.wrapper, method)).parameters
 
     # -- the wrapper methods ------------------------------------------------------------------
+
+    def token_lora_slots(self) -> torch.Tensor:
+        return self.wrapper.token_lora_indices  # what vLLM's token head reads
 
     def add_shrink(self, y, x, lora_a_stacked, scale, **kwargs):
         self._set_mask(self.mapping.token_slots, lora_a_stacked[0], 1)

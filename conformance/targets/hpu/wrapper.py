@@ -14,7 +14,9 @@ Semantics are the suite's (``conformance/reference/punica_wrapper.py``); for a r
   separate logits mask);
 * ``apply_lora_full_linear``: ``y[p] = x[p] @ W[l]ᵀ + bias[l]`` over the sampled rows whose slot's
   module is enabled, the row *replaced* (rounded once from float32); disabled slots become −1 rows
-  of the same bucket, so the shapes and the compiled graph do not depend on ``module_enabled``.
+  of the same bucket, so the shapes and the compiled graph do not depend on ``module_enabled``;
+* ``token_classification_head`` (vLLM 0.33's token head, no PunicaWrapper method): ``add_shrink`` above
+  with the whole head as a one-slice stack, then the layer's pick (``conformance.targets.classification_head``).
 
 Rows of slot −1 are never written, also with ``add_inputs=False``. The row state comes from
 ``update_metadata`` (the suite's ``LoRAMapping``) or ``set_slots`` (raw slot vectors, as the vLLM
@@ -28,12 +30,13 @@ import torch
 
 from conformance.reference import LoRAMapping
 
+from ..classification_head import TokenHeadFromShrink
 from .engine import LoRAEngine
 from .rows import PaddedRows, RoutedPairs
 from .stacks import as_3d
 
 
-class HpuPunicaWrapper:
+class HpuPunicaWrapper(TokenHeadFromShrink):
     def __init__(self, engine: LoRAEngine) -> None:
         self.engine = engine
         self.token_rows: PaddedRows | None = None
@@ -48,6 +51,11 @@ class HpuPunicaWrapper:
         """One slot per token and one per sampled row (−1 = none); padded and masked on the device."""
         self.token_rows = self.engine.rows(token_slots)
         self.sampled_rows = self.engine.rows(sampled_slots)
+
+    def token_lora_slots(self) -> torch.Tensor:
+        """The real tokens' slots (the bucket's padding cut off), for ``token_classification_head``."""
+        rows = self._rows(self.token_rows)
+        return rows.slots[: rows.count]
 
     def _rows(self, rows: PaddedRows | None) -> PaddedRows:
         if rows is None:

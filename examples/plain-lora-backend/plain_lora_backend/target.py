@@ -1,4 +1,4 @@
-"""``PlainExampleTarget``: the eight kernel ops, and nothing else.
+"""``PlainExampleTarget``: the ten dense kernel ops (the eight 16-bit ones and the two fp8 ones), and nothing else.
 
 Each method has the name, argument order and defaults of vLLM's op (the suite calls them so); each
 works out one slot per row from its metadata and hands over to ``kernels.shrink`` / ``kernels.expand``.
@@ -16,7 +16,7 @@ import torch
 
 from conformance.targets.kernel_target import KernelTarget
 
-from . import kernels
+from . import fp8, kernels
 from .kernels import as_3d
 
 
@@ -86,6 +86,38 @@ class PlainExampleTarget(KernelTarget):
         for s, lora_b in enumerate(lora_b_weights):
             lora_b = as_3d(lora_b)
             kernels.expand(inputs[s], lora_b, output_tensor, slots, column, add_inputs)
+            column += lora_b.size(1)
+
+    # -- lora_*_fp8: the same metadata, fp8 codes dequantized by their scales (``fp8``) -------------------
+
+    def lora_shrink_fp8(self, inputs, lora_a_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
+                        num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras, scaling,
+                        b_scale, a_scale=None, group_k=0, group_n=0, use_fp8_w8a8=False, per_channel_quant=False):
+        """``lora_shrink`` on dequantized values; ``num_active_loras`` sizes vLLM's grid and is not needed here."""
+        if bool(no_lora_flag_cpu.item()):
+            return
+        mode = fp8.granularity(use_fp8_w8a8, per_channel_quant, group_k, group_n)
+        slots = kernels.slots_from_sorted_tokens(token_indices_sorted_by_lora_ids, num_tokens_per_lora,
+                                                 lora_token_start_loc, lora_ids, inputs.size(0))
+        x = fp8.activations(inputs, a_scale, mode, group_k)
+        for s, lora_a in enumerate(lora_a_weights):
+            lora_a = fp8.weights(as_3d(lora_a), b_scale[s] if mode != "none" else None, mode, group_n, group_k)
+            kernels.shrink(x, lora_a, output_tensor[s], slots, scaling)
+
+    def lora_expand_fp8(self, inputs, lora_b_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
+                        num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras, b_scale,
+                        a_scale=None, offset_start=0, add_inputs=False, group_k=0, group_n=0, use_fp8_w8a8=False,
+                        per_channel_quant=False):
+        """``lora_expand`` on dequantized values; one ``a_scale`` serves every slice, as in vLLM's kernel."""
+        if bool(no_lora_flag_cpu.item()):
+            return
+        mode = fp8.granularity(use_fp8_w8a8, per_channel_quant, group_k, group_n)
+        slots = kernels.slots_from_sorted_tokens(token_indices_sorted_by_lora_ids, num_tokens_per_lora,
+                                                 lora_token_start_loc, lora_ids, inputs.size(1))
+        column = offset_start
+        for s, lora_b in enumerate(lora_b_weights):
+            lora_b = fp8.weights(as_3d(lora_b), b_scale[s] if mode != "none" else None, mode, group_n, group_k)
+            fp8.expand(fp8.activations(inputs[s], a_scale, mode, group_k), lora_b, output_tensor, slots, column, add_inputs)
             column += lora_b.size(1)
 
 
