@@ -283,6 +283,47 @@ class PlainTorchTarget(KernelTarget):
             return per_block[:, rows][:, :, columns]
         return b_scale.reshape(slots, n, 1) if mode == "channel" else b_scale.reshape(slots, 1, 1)
 
+    # -- fused_moe_lora_fp8: every (slot, expert) dequantized to float32 as a slot, then fused_moe_lora's math --
+
+    def fused_moe_lora_fp8(self, output, qcurr_hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids,
+                           expert_ids, num_tokens_post_padded, token_lora_mapping, max_lora_rank, top_k_num, lora_ids,
+                           num_active_loras, adapter_enabled, shrink_block_size_m, shrink_block_size_n, shrink_block_size_k,
+                           shrink_group_size_m, shrink_num_warps, shrink_num_stages, shrink_split_k, expand_block_size_m,
+                           expand_block_size_n, expand_block_size_k, expand_group_size_m, expand_num_warps, expand_num_stages,
+                           expand_split_k, lora_a_scale_stacked, lora_b_scale_stacked, shrink_act_scale=None,
+                           expand_act_scale=None, mul_routed_weight=False, fully_sharded=False, offset=0, use_fp8_w8a8=False,
+                           use_int8_w8a8=False, use_int8_w8a16=False, per_channel_quant=False, block_shape=None):
+        # vLLM's intermediate is a buffer in the output dtype, read by the expand as it is: no expand_act_scale
+        # to apply (the suite passes none), and the op always adds (no add_inputs)
+        if use_int8_w8a8 or use_int8_w8a16 or expand_act_scale is not None:
+            raise ValueError("this target takes fp8 operands and no expand_act_scale")
+        group_n, group_k = block_shape if block_shape is not None else (0, 0)
+        quant = (group_k, group_n, per_channel_quant) if use_fp8_w8a8 else None
+        # one method dequantizes every operand (a fault in it reaches both stacks): the activations come back
+        # from the LoRA-B call too and are dropped
+        x, a_flat = self.fp8_operands(qcurr_hidden_states, shrink_act_scale, [self.expert_slots(a) for a in lora_a_stacked],
+                                      self.expert_slot_scales(lora_a_scale_stacked, quant), quant)
+        _, b_flat = self.fp8_operands(qcurr_hidden_states, shrink_act_scale, [self.expert_slots(b) for b in lora_b_stacked],
+                                      self.expert_slot_scales(lora_b_scale_stacked, quant), quant)
+        a_stacks = [a.view(stack.shape) for a, stack in zip(a_flat, lora_a_stacked)]
+        b_stacks = [b.view(stack.shape) for b, stack in zip(b_flat, lora_b_stacked)]
+        self.moe_into(output, x, a_stacks, b_stacks, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
+                      token_lora_mapping, top_k_num, lora_ids, adapter_enabled, shrink_block_size_m, mul_routed_weight, offset,
+                      add_inputs=True)
+
+    def expert_slots(self, stack: torch.Tensor) -> torch.Tensor:
+        """An ``[L, E, N, K]`` stack as ``[L·E, N, K]``: each (slot, expert) one slot of the dense fp8 helpers."""
+        return stack.reshape(-1, *stack.shape[2:])
+
+    def expert_slot_scales(self, scales, quant) -> list[torch.Tensor] | None:
+        """The scales in the dense layouts over ``L·E`` slots: ``[L·E]``, ``[L·E, N]``, ``[L·E, ⌈N/gn⌉, ⌈K/gk⌉]``."""
+        if quant is None:
+            return scales
+        group_k, group_n, per_channel = quant
+        if group_k > 0 and group_n > 0:
+            return [s.reshape(-1, *s.shape[2:]) for s in scales]
+        return [s.reshape(s.size(0) * s.size(1), -1) if per_channel else s.reshape(-1) for s in scales]
+
     # -- fused_moe_lora / moe_lora_align_block_size (the module docstring says how) ------------------
 
     def fused_moe_lora(self, output, qcurr_hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids,
@@ -293,6 +334,15 @@ class PlainTorchTarget(KernelTarget):
                        expand_split_k, mul_routed_weight=False, fully_sharded=False, offset=0, add_inputs=True):
         # the Triton tile parameters other than shrink_block_size_m (the alignment's block) do not change
         # the result; fully_sharded at one rank means the collective between shrink and expand is the identity
+        self.moe_into(output, qcurr_hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids, expert_ids,
+                      num_tokens_post_padded, token_lora_mapping, top_k_num, lora_ids, adapter_enabled, shrink_block_size_m,
+                      mul_routed_weight, offset, add_inputs)
+
+    def moe_into(self, output, qcurr_hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids, expert_ids,
+                 num_tokens_post_padded, token_lora_mapping, top_k_num, lora_ids, adapter_enabled, block_m: int,
+                 mul_routed_weight: bool, offset: int, add_inputs: bool) -> None:
+        """The MoE ops' math (``fused_moe_lora``, and ``fused_moe_lora_fp8`` on dequantized stacks): not an op
+        itself, so removing one kernel of this target leaves the other whole."""
         num_tokens, top_k = topk_weights.shape
         if top_k != top_k_num:
             raise ValueError(f"topk_weights has {top_k} choices per token, top_k_num is {top_k_num}")
@@ -302,7 +352,7 @@ class PlainTorchTarget(KernelTarget):
             slots, experts = self.naive_routing(expert_ids, token_lora_mapping, adapter_enabled, num_slots, top_k)
         else:
             slots, experts = self.aligned_routing(sorted_token_ids, expert_ids, num_tokens_post_padded, lora_ids,
-                                                  adapter_enabled, num_slots, shrink_block_size_m, num_pairs)
+                                                  adapter_enabled, num_slots, block_m, num_pairs)
         experts = self.kernel_experts(experts, num_experts)
         served = (slots != -1) & (experts != -1) & self.pairs_walked(num_pairs, top_k)
         x = qcurr_hidden_states[self.input_rows(num_pairs, top_k, mul_routed_weight)]  # [P, K]
@@ -1460,6 +1510,35 @@ FP8_FAULTS: tuple[type[PlainTorchTarget], ...] = (
 """The fp8 ops' faults: each changes only lora_shrink_fp8 / lora_expand_fp8, so only their cases can catch it."""
 
 
+class MoEFp8ScaleOfExpertZero(PlainTorchTarget):
+    """fused_moe_lora_fp8 with every expert's weight scales read from expert 0: the scale pointer advanced by
+    the slot's stride only (a port that takes the dense ops' per-slot scale layout for the MoE stacks)."""
+
+    name = "fault-moe-fp8-scale-of-expert-0"
+
+    def expert_slot_scales(self, scales, quant):
+        if quant is None:
+            return scales
+        return super().expert_slot_scales([s[:, :1].expand_as(s) for s in scales], quant)
+
+
+class MoEFp8IntermediateRequantized(PlainTorchTarget):
+    """The shrink result re-quantized to e4m3fn (one amax/448 scale per pair) before the expand, as a port that
+    runs both halves as fp8 GEMMs does: vLLM's op keeps the intermediate in the output dtype. 3 significant
+    bits instead of 8 or 11; the 16-bit fused_moe_lora would be changed the same way."""
+
+    name = "fault-moe-fp8-intermediate-requantized"
+
+    def round_intermediate(self, shrunk, out_dtype):
+        scale = (shrunk.abs().amax(dim=1, keepdim=True) / 448.0).clamp(min=torch.finfo(torch.float32).tiny)
+        codes = (shrunk / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return (codes.float() * scale).to(out_dtype)
+
+
+MOE_FP8_FAULTS: tuple[type[PlainTorchTarget], ...] = (MoEFp8ScaleOfExpertZero, MoEFp8IntermediateRequantized)
+"""fused_moe_lora_fp8's own faults (the dense fp8 faults above reach it too, through the same helpers)."""
+
+
 # -- vLLM 0.33's token classification head: add_shrink of the whole head, then the pick -------------------
 
 
@@ -1568,6 +1647,7 @@ FAULTS: tuple[type[PlainTorchTarget], ...] = (
     *DELTA_GAIN_FAULTS,
     *SUB_ULP_GAIN_FAULTS,
     *FP8_FAULTS,
+    *MOE_FP8_FAULTS,
     *TOKEN_HEAD_FAULTS,
 )
 """Faults the smoke profile must catch (at least one case ends FAIL)."""

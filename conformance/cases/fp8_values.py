@@ -106,3 +106,35 @@ def lora_b(gen: torch.Generator, case: Case, width: int) -> tuple[torch.Tensor, 
     for slot, rank in enumerate(case.adapter_ranks):
         stack[slot, :, rank:] = 0
     return stack.to(FP8_DTYPE).contiguous(), scales
+
+
+# -- fused_moe_lora_fp8: a stack per (slot, expert), scaled per (slot, expert) ----------------------------
+
+
+def moe_weights(gen: torch.Generator, case: Case, n: int, k: int, fan_in: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One slice's ``[L, E, N, K]`` weight codes and their scales, in the layouts vLLM's MoE kernel takes the
+    strides of (and its own tests build): ``[L, E]`` per tensor (one per slot and expert), ``[L, E, N, 1]``
+    per output channel, ``[L, E, ⌈N/group_n⌉, ⌈K/group_k⌉]`` per block. Every (slot, expert) is quantized
+    on its own, so neighbouring experts' scales differ (one read for the wrong expert shows)."""
+    sizes = {"tensor": (1, 1, n, k), "channel": (1, 1, 1, k), "block": (1, 1, case.group_n or 1, case.group_k or 1)}[case.fp8_scales]
+    codes, scales = quantize(gen, (case.num_slots, case.num_experts, n, k), sizes, fan_in**-0.5)  # scales [L, E, ·, ·]
+    shapes = {"tensor": scales.shape[:2], "channel": (*scales.shape[:3], 1), "block": scales.shape}
+    return codes, scales.reshape(shapes[case.fp8_scales])
+
+
+def moe_lora_a(gen: torch.Generator, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[L, E, R, H]`` codes, rows at and above each slot's rank zero, and their ``lora_a_scale_stacked`` entry."""
+    codes, scales = moe_weights(gen, case, case.max_rank, case.hidden_size, case.hidden_size)
+    stack = codes.float()
+    for slot, rank in enumerate(case.adapter_ranks):
+        stack[slot, :, rank:, :] = 0
+    return stack.to(FP8_DTYPE).contiguous(), scales
+
+
+def moe_lora_b(gen: torch.Generator, case: Case, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[L, E, N, R]`` codes, columns at and above each slot's rank zero, and their ``lora_b_scale_stacked`` entry."""
+    codes, scales = moe_weights(gen, case, width, case.max_rank, case.max_rank)
+    stack = codes.float()
+    for slot, rank in enumerate(case.adapter_ranks):
+        stack[slot, :, :, rank:] = 0
+    return stack.to(FP8_DTYPE).contiguous(), scales

@@ -842,6 +842,8 @@ class Fp8Scales(Family):
     named_only, min_seqs = True, 2
     scales: ClassVar[str]
     wide = add_inputs = scaled = _draws_on
+    # fused_moe_lora_fp8: w13 or w2 (the routing weight), aligned or naive metadata; the dense fp8 ops read neither knob
+    routed_weight = naive_blocks = _draws_on
 
     def applies_to(self, spec: OpSpec, dtype: str) -> bool:
         return super().applies_to(spec, dtype) and (spec.output_kind != "buffer" or dtype == "bfloat16")

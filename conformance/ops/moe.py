@@ -2,6 +2,9 @@
 
 * ``fused_moe_lora`` (kernel): vLLM's Triton op, fed block-aligned metadata from the reference's
   ``moe_lora_align_block_size`` (or the naive form), ``mul_routed_weight`` drawn both ways;
+* ``fused_moe_lora_fp8`` (kernel): the same call on fp8 e4m3fn activations and LoRA stacks with float32
+  scales per (slot, expert), per output channel or per block (``fp8_values``), aimed at by the fp8
+  families only; the intermediate stays in the output dtype (no ``expand_act_scale``) and the op adds;
 * ``moe_lora_align_block_size`` (kernel): judged by its invariants, not against one output;
 * ``add_lora_w13`` / ``add_lora_w2`` (wrapper): the suite's hardware-neutral contract; slots come from
   ``update_metadata`` like every wrapper op.
@@ -16,11 +19,13 @@ from __future__ import annotations
 
 import torch
 
+import conformance.cases.fp8_values as fp8_values
 from conformance import reference
 from conformance.cases.case import Case
 from conformance.cases.values import activations, moe_lora_a_stack, moe_lora_b_stack, routing_weights
 from conformance.reference import LoRAKernelMeta, PunicaWrapperReference, aligned_buffers, aligned_sizes, alignment_problems
 
+from .kernel import FP8_FAMILIES
 from .level import Level
 from .spec import OpCall, OpSpec, Tensors
 
@@ -61,6 +66,18 @@ def moe_values(case: Case, gen: torch.Generator) -> Tensors:
     for s, width in enumerate(case.output_slices):
         values[f"lora_a.{s}"] = moe_lora_a_stack(gen, case, 1 if shared == "a" else case.num_experts)
         values[f"lora_b.{s}"] = moe_lora_b_stack(gen, case, width, 1 if shared == "b" else case.num_experts)
+    values["out"] = activations(gen, case, (case.num_tokens * case.top_k, case.output_width), case.torch_dtype)
+    return values
+
+
+def fp8_moe_values(case: Case, gen: torch.Generator) -> Tensors:
+    """The routing, fp8 activations and per-(slot, expert) LoRA codes with their scales (``fp8_values``); drawn
+    after the routing, as ``moe_values`` draws, so the same case has the same routing in both ops."""
+    values = routing_values(case, gen)
+    values["x"], values["act_scale"] = fp8_values.activations(gen, case, (input_rows(case), case.hidden_size))
+    for s, width in enumerate(case.output_slices):
+        values[f"lora_a.{s}"], values[f"lora_a_scale.{s}"] = fp8_values.moe_lora_a(gen, case)
+        values[f"lora_b.{s}"], values[f"lora_b_scale.{s}"] = fp8_values.moe_lora_b(gen, case, width)
     values["out"] = activations(gen, case, (case.num_tokens * case.top_k, case.output_width), case.torch_dtype)
     return values
 
@@ -143,6 +160,25 @@ def _fused_moe_lora(case: Case, t: Tensors, device) -> OpCall:
     return OpCall(args, {})
 
 
+def _fused_moe_lora_fp8(case: Case, t: Tensors, device) -> OpCall:
+    """vLLM's argument order: ``fused_moe_lora``'s up to the tiles, then the weight scales, ``shrink_act_scale``,
+    ``expand_act_scale`` (None: vLLM's intermediate is a 16-bit buffer, no fp8 codes to scale),
+    ``mul_routed_weight``, ``fully_sharded``, ``offset``, the quantization flags and ``block_shape =
+    [group_n, group_k]``. No ``add_inputs``: the op always adds. ``num_active_loras`` is an int here."""
+    sorted_ids, expert_ids, padded = kernel_metadata(case, t, device)
+    ids = lora_ids(case, device)
+    tiles = (case.block_size, 64, 32, 8, 4, 3, 1) * 2
+    block_shape = [case.group_n, case.group_k] if case.fp8_scales == "block" else None
+    args = (
+        _output_view(case, t), t["x"], list(_stacks(t, "lora_a", case.num_slices)), list(_stacks(t, "lora_b", case.num_slices)),
+        t["topk_weights"], sorted_ids, expert_ids, padded, token_lora_mapping(case, device), case.max_rank, case.top_k,
+        ids, ids.numel(), t["adapter_enabled"], *tiles,
+        list(_stacks(t, "lora_a_scale", case.num_slices)), list(_stacks(t, "lora_b_scale", case.num_slices)), t["act_scale"], None,
+        case.routed_weight, case.offset_start > 0, case.offset_start, True, False, False, case.fp8_scales == "channel", block_shape,
+    )  # fmt: skip
+    return OpCall(args, {})
+
+
 def _alignment_sizes(case: Case) -> tuple[int, int]:
     return aligned_sizes(case.num_tokens * case.top_k, case.global_experts, case.block_size)
 
@@ -193,6 +229,13 @@ MOE_KNOBS = frozenset({"routing", "hidden", "widths", "offset", "wide", "add_inp
 # (the naive block assignment), as bgmv takes one index per row (vLLM's CPU wrapper has no MoE LoRA).
 MOE_COMPOSITIONS = {"lora": ("moe_lora_align_block_size", "fused_moe_lora"), "classic": ("fused_moe_lora",)}
 
+FP8_MOE_SPEC = OpSpec(
+    "fused_moe_lora_fp8", Level.KERNEL,
+    "y[t, k, offset + s·N …] += [w_tk ·] round(x̂ @ Â_s[l, e]ᵀ) @ B̂_s[l, e]ᵀ, x̂ Â B̂ fp8 codes times their scales",
+    (MOE_KNOBS - {"add_inputs"}) | {"gate_up", "routed_weight", "blocks", "naive", "fp8_scales"}, fp8_moe_values, _fused_moe_lora_fp8,
+    moe_written, reference.fused_moe_lora_fp8, max_slices=2, rows="pairs", families=FP8_FAMILIES,
+)
+
 MOE_OP_SPECS = (
     OpSpec(
         "fused_moe_lora", Level.KERNEL,
@@ -217,4 +260,5 @@ MOE_OP_SPECS = (
         MOE_KNOBS, moe_values, _wrapper_call, moe_written, PunicaWrapperReference.add_lora_w2, rows="pairs", routed_weight=True,
         compositions=MOE_COMPOSITIONS,
     ),
+    FP8_MOE_SPEC,  # last: the ops before it draw as they did
 )

@@ -14,6 +14,7 @@ from .op_bgmv_expand import bgmv_expand
 from .op_bgmv_expand_slice import bgmv_expand_slice
 from .op_bgmv_shrink import bgmv_shrink
 from .op_fused_moe_lora import fused_moe_lora
+from .op_fused_moe_lora_fp8 import fused_moe_lora_fp8
 from .op_lora_expand import lora_expand
 from .op_lora_expand_fp8 import lora_expand_fp8
 from .op_lora_shrink import lora_shrink
@@ -37,6 +38,7 @@ __all__ = [
     "bgmv_expand_slice",
     "bgmv_shrink",
     "fused_moe_lora",
+    "fused_moe_lora_fp8",
     "lora_expand",
     "lora_expand_fp8",
     "lora_shrink",

@@ -75,9 +75,9 @@ def fused_moe_lora(
     if qcurr_hidden_states.size(0) != rows:
         raise ValueError(f"the input has {qcurr_hidden_states.size(0)} rows; {'mul_routed_weight' if mul_routed_weight else 'w13'} needs {rows}")
     if sorted_token_ids is None:
-        slots, experts = _naive_pairs(expert_ids, token_lora_mapping, adapter_enabled, num_slots, top_k)
+        slots, experts = naive_pairs(expert_ids, token_lora_mapping, adapter_enabled, num_slots, top_k)
     else:
-        slots, experts = _aligned_pairs(sorted_token_ids, expert_ids, num_tokens_post_padded, lora_ids, adapter_enabled,
+        slots, experts = aligned_pairs(sorted_token_ids, expert_ids, num_tokens_post_padded, lora_ids, adapter_enabled,
                                         num_slots, shrink_block_size_m, num_tokens * top_k)
     weights = topk_weights.reshape(-1) if mul_routed_weight else None
     moe_lora_into(output.view(num_tokens * top_k, -1), qcurr_hidden_states, lora_a_stacked, lora_b_stacked, slots, experts,
@@ -124,13 +124,13 @@ def moe_lora_into(
                 output[pairs, columns] = delta
 
 
-def _naive_pairs(expert_ids, token_lora_mapping, adapter_enabled, num_slots: int, top_k: int):
+def naive_pairs(expert_ids, token_lora_mapping, adapter_enabled, num_slots: int, top_k: int):
     """Naive block assignment: pair ``p``'s expert is ``expert_ids[p]``, its slot its token's."""
     slots = enabled_slots(pair_slots(token_lora_mapping, top_k), adapter_enabled, num_slots)
     return slots, expert_ids.reshape(-1).long()
 
 
-def _aligned_pairs(sorted_token_ids, expert_ids, num_tokens_post_padded, lora_ids, adapter_enabled,
+def aligned_pairs(sorted_token_ids, expert_ids, num_tokens_post_padded, lora_ids, adapter_enabled,
                    num_slots: int, block: int, num_pairs: int):
     """The slot and expert of every pair, read from the block-aligned metadata as the kernel walks it."""
     slots = torch.full((num_pairs,), NO_ADAPTER, dtype=torch.long)

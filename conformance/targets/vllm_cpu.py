@@ -54,7 +54,7 @@ class VllmCpuTarget(VllmWrapperMethods, Target):
         "lora_shrink": "lora_shrink is a Triton kernel; vLLM's CPU path has none",
         "lora_expand": "lora_expand is a Triton kernel; vLLM's CPU path has none",
         **{op: f"{op} is a Triton kernel (vllm.lora.ops.triton_ops); vLLM's CPU path has no fp8 LoRA op, and "
-               "PunicaWrapperCPU calls none" for op in ("lora_shrink_fp8", "lora_expand_fp8")},
+               "PunicaWrapperCPU calls none" for op in ("lora_shrink_fp8", "lora_expand_fp8", "fused_moe_lora_fp8")},
         **{op: NO_MOE_LORA.format(op=op) for op in ("add_lora_w13", "add_lora_w2", "fused_moe_lora", "moe_lora_align_block_size")},
         "apply_lora_full_linear": VllmWrapperMethods.FULL_LINEAR_MISSING,
     }

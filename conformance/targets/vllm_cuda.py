@@ -7,7 +7,10 @@ wrapper calls, fed the suite's metadata and adapted to the installed signature (
 ``num_active_loras`` CPU tensor after ``no_lora_flag_cpu``). The classic bgmv/sgmv ops no longer exist
 as Triton kernels in current vLLM, so they are not defined here ("not supported"). ``lora_shrink_fp8``/
 ``lora_expand_fp8`` are ``vllm.lora.ops.triton_ops``' fp8 kernels (no wrapper calls them), bound by name
-the same way (:class:`TritonFp8LoRAKernels`).
+the same way (:class:`TritonFp8LoRAKernels`), and so is ``fused_moe_lora_fp8``. Its Triton kernel in vLLM
+0.32.0 (and vLLM's main branch as read) takes the scales, ``block_shape`` and ``use_fp8_w8a8`` but reads
+none of them, and loads the weights through a pointer of the output's element type (read from its source,
+not run here): the suite reports whatever that computes, with no allowance for it (docs/moe.md).
 
 The fused-MoE ops (docs/moe.md): ``fused_moe_lora`` is the callable ``PunicaWrapperGPU.add_lora_fused_moe``
 calls, ``moe_lora_align_block_size`` the ``vllm._custom_ops`` function its ``moe_lora_align_block_size``
@@ -305,7 +308,7 @@ class TritonLoRAKernels:
         self.expand(*args, **kwargs)
 
 
-FP8_OPS = ("lora_shrink_fp8", "lora_expand_fp8")
+FP8_OPS = ("lora_shrink_fp8", "lora_expand_fp8", "fused_moe_lora_fp8")
 
 
 class TritonFp8LoRAKernels:
@@ -319,11 +322,16 @@ class TritonFp8LoRAKernels:
     are not cleared, for the same reason as the weight-pointer tables (:class:`TritonLoRAKernels`).
     """
 
-    def __init__(self, shrink: Callable, expand: Callable, *, shrink_fallback=None, expand_fallback=None) -> None:
+    def __init__(self, shrink: Callable, expand: Callable, *, shrink_fallback=None, expand_fallback=None,
+                 fused_moe: Callable | None = None, fused_moe_fallback=None, fused_moe_missing: str | None = None) -> None:
         self.shrink = shrink
         self.expand = expand
         self.shrink_params = op_parameters(shrink, shrink_fallback)
         self.expand_params = op_parameters(expand, expand_fallback)
+        # fused_moe_lora_fp8 came with the dense ones but in its own module: None (and why) where it is absent
+        self.fused_moe = fused_moe
+        self.fused_moe_params = op_parameters(fused_moe, fused_moe_fallback) if fused_moe is not None else ()
+        self.fused_moe_missing = fused_moe_missing
 
     @classmethod
     def from_vllm(cls) -> TritonFp8LoRAKernels | str:
@@ -333,11 +341,20 @@ class TritonFp8LoRAKernels:
             expand_module = importlib.import_module("vllm.lora.ops.triton_ops.lora_expand_fp8_op")
         except ImportError as exc:
             return f"the installed vLLM {vllm_version()} has no fp8 LoRA ops ({_one_line(exc)})"
+        try:
+            moe_module = importlib.import_module("vllm.lora.ops.triton_ops.fused_moe_lora_fp8_op")
+            fused_moe, fused_moe_missing = moe_module.fused_moe_lora_fp8, None
+        except (ImportError, AttributeError) as exc:
+            moe_module, fused_moe = None, None
+            fused_moe_missing = f"the installed vLLM {vllm_version()} has no fused_moe_lora_fp8 ({_one_line(exc)})"
         return cls(
             shrink_module.lora_shrink_fp8,
             expand_module.lora_expand_fp8,
             shrink_fallback=getattr(shrink_module, "_lora_shrink_fp8", None),
             expand_fallback=getattr(expand_module, "_lora_expand_fp8", None),
+            fused_moe=fused_moe,
+            fused_moe_fallback=getattr(moe_module, "_fused_moe_lora_fp8", None),
+            fused_moe_missing=fused_moe_missing,
         )
 
     def lora_shrink_fp8(self, values: dict[str, Any]) -> None:
@@ -347,6 +364,10 @@ class TritonFp8LoRAKernels:
     def lora_expand_fp8(self, values: dict[str, Any]) -> None:
         args, kwargs = bind_arguments(self.expand_params, _with_int_active_loras(values), "lora_expand_fp8")
         self.expand(*args, **kwargs)
+
+    def fused_moe_lora_fp8(self, values: dict[str, Any]) -> None:
+        args, kwargs = bind_arguments(self.fused_moe_params, _with_int_active_loras(values), "fused_moe_lora_fp8")
+        self.fused_moe(*args, **kwargs)
 
 
 def _with_int_active_loras(values: dict[str, Any]) -> dict[str, Any]:
@@ -531,7 +552,9 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
         if case.op in FP8_OPS:
             # fp8 codes in; the case dtype is only the expand's output dtype, which the kernel stores
             # in whatever it is (float32 included), and the shrink's buffer is float32 anyway
-            return self.fp8_kernels if isinstance(self.fp8_kernels, str) else None
+            if isinstance(self.fp8_kernels, str):
+                return self.fp8_kernels
+            return self.fp8_kernels.fused_moe_missing if case.op == "fused_moe_lora_fp8" else None
         if case.torch_dtype not in self.dtypes:
             return self._dtype_reason(case)
         if case.op in MOE_OPS and (reason := self._moe_reason(case)) is not None:
@@ -635,6 +658,22 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
         values = dict(locals())
         del values["self"]
         self.fp8_kernels.lora_expand_fp8(values)
+
+    def fused_moe_lora_fp8(
+        self, output, qcurr_hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids, expert_ids,
+        num_tokens_post_padded, token_lora_mapping, max_lora_rank, top_k_num, lora_ids, num_active_loras,
+        adapter_enabled, shrink_block_size_m, shrink_block_size_n, shrink_block_size_k, shrink_group_size_m,
+        shrink_num_warps, shrink_num_stages, shrink_split_k, expand_block_size_m, expand_block_size_n,
+        expand_block_size_k, expand_group_size_m, expand_num_warps, expand_num_stages, expand_split_k,
+        lora_a_scale_stacked, lora_b_scale_stacked, shrink_act_scale=None, expand_act_scale=None,
+        mul_routed_weight=False, fully_sharded=False, offset=0, use_fp8_w8a8=False, use_int8_w8a8=False,
+        use_int8_w8a16=False, per_channel_quant=False, block_shape=None,
+    ) -> None:
+        values = dict(locals())
+        del values["self"]
+        # as for fused_moe_lora: fully sharded, a collective runs between the shrink and the expand
+        with moe.single_rank_tensor_parallel() if fully_sharded else contextlib.nullcontext():
+            self.fp8_kernels.fused_moe_lora_fp8(values)
 
     # -- fused-MoE LoRA (docs/moe.md) --------------------------------------------------------
 

@@ -260,7 +260,8 @@ def test_the_largest_long_moe_batch_fits_hypothesis_buffer():
 
     FAMILIES[Longest.name] = Longest()
     try:
-        for op in [op for op, spec in OP_SPECS.items() if "routing" in spec.knobs]:
+        # the MoE ops long batches are drawn for (fused_moe_lora_fp8 takes the fp8 families only)
+        for op in [op for op, spec in OP_SPECS.items() if "routing" in spec.knobs and spec.families is None]:
             data = ConjectureData(random=random.Random(0))
             try:
                 case = data.draw(cases(OP_SPECS[op], "float32", Longest.name, PROFILES["standard"].limits))

@@ -5,7 +5,8 @@ Every fp8 operand must hold codes a target saturating at Gaudi 2's ±240 gets wr
 granularity gives, chosen as a quantizer chooses it (each group's largest value on the code ±448), and
 the profile must hold both float32 ``amax / 448`` scales and power-of-two ones (docs/cases.md, *fp8
 ops*). The faults of ``fault_targets.FP8_FAULTS`` change only the fp8 ops, so their own smoke cases (12)
-must catch each; the correct targets pass them all.
+must catch each; the correct targets pass them all. ``fused_moe_lora_fp8`` (last section) has its own smoke
+cases (9: three per granularity), values and faults (``fault_targets.MOE_FP8_FAULTS``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pickle
 
 import pytest
 import torch
-from fault_targets import FP8_FAULTS, Fp8ScaledAfterSumTarget, Fp8ScaleRoundedToBf16, PlainTorchTarget
+from fault_targets import FP8_FAULTS, MOE_FP8_FAULTS, Fp8ScaledAfterSumTarget, Fp8ScaleRoundedToBf16, PlainTorchTarget
 
 from conformance.cases.fp8_values import FP8_MAX, GAUDI2_FP8_MAX
 from conformance.cases.values import generator_for
@@ -142,3 +143,51 @@ def test_an_impossible_fp8_case_is_refused_naming_the_field(fp8_smoke_cases, fie
     _, case = fp8_smoke_cases[0]
     with pytest.raises(ValueError, match=problem):
         dataclasses.replace(case, **fields)
+
+
+# -- fused_moe_lora_fp8 ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moe_fp8_smoke_cases():
+    return profile_cases("smoke", ops=("fused_moe_lora_fp8",))
+
+
+def test_the_moe_fp8_smoke_cases_hold_each_granularity_with_no_adapter_pairs(moe_fp8_smoke_cases):
+    by_scales = {scales: [case for _, case in moe_fp8_smoke_cases if case.fp8_scales == scales] for scales in ("tensor", "channel", "block")}
+    assert all(1 <= len(cases) <= 6 for cases in by_scales.values()), {k: len(v) for k, v in by_scales.items()}
+    assert all(-1 in case.token_slots and set(case.token_slots) != {-1} for _, case in moe_fp8_smoke_cases)
+    assert all(case.group_k > 0 and case.group_n > 0 for case in by_scales["block"])
+
+
+def test_moe_fp8_values_hold_per_slot_and_expert_scales_in_vllms_layouts(moe_fp8_smoke_cases):
+    """Weight scales ``[L, E]``, ``[L, E, N, 1]`` or ``[L, E, ⌈N/gn⌉, ⌈K/gk⌉]`` (the strides vLLM's kernel takes and
+    its own tests build); codes in (240, 448] in every operand; experts of one slot scaled apart."""
+    for case_id, case in moe_fp8_smoke_cases:
+        values = OP_SPECS[case.op].make_values(case, generator_for(case))
+        rows = case.num_tokens * case.top_k if case.routed_weight else case.num_tokens
+        for name, value in values.items():
+            if value.dtype == torch.float8_e4m3fn:
+                magnitude = value.float().abs()
+                assert magnitude.max() <= FP8_MAX and ((magnitude > GAUDI2_FP8_MAX).any()), (case_id, name)
+        for s in range(case.num_slices):
+            for side, (n, k) in (("a", (case.max_rank, case.hidden_size)), ("b", (case.output_slices[s], case.max_rank))):
+                stack, scale = values[f"lora_{side}.{s}"], values[f"lora_{side}_scale.{s}"]
+                assert tuple(stack.shape) == (case.num_slots, case.num_experts, n, k), (case_id, side)
+                expected = {"tensor": (case.num_slots, case.num_experts), "channel": (case.num_slots, case.num_experts, n, 1),
+                            "block": (case.num_slots, case.num_experts, -(-n // max(case.group_n, 1)), -(-k // max(case.group_k, 1)))}
+                assert tuple(scale.shape) == expected[case.fp8_scales] and scale.dtype == torch.float32, (case_id, side)
+                assert (scale > 0).all(), (case_id, side)
+        act = values["act_scale"]
+        assert act.shape[0] == (1 if case.fp8_scales == "tensor" else rows), case_id
+
+
+def test_the_plain_target_passes_every_moe_fp8_smoke_case(moe_fp8_smoke_cases):
+    results = [run_case(PlainTorchTarget(), case, case_id) for case_id, case in moe_fp8_smoke_cases]
+    assert [f"{r.case_id}: {r.message}" for r in results if r.outcome is not Outcome.PASS] == []
+
+
+@pytest.mark.parametrize("fault", MOE_FP8_FAULTS, ids=lambda fault: fault.name.removeprefix("fault-"))
+def test_each_moe_fp8_fault_fails_a_moe_fp8_smoke_case(fault, moe_fp8_smoke_cases):
+    outcomes = [run_case(fault(), case, case_id).outcome for case_id, case in moe_fp8_smoke_cases]
+    assert Outcome.FAIL in outcomes and Outcome.BROKEN not in outcomes, fault.__doc__.splitlines()[0]

@@ -39,7 +39,7 @@ DENSE_OPS = (
     "apply_lora_full_linear", "token_classification_head",
 )
 MOE_OPS = ("fused_moe_lora", "moe_lora_align_block_size", "add_lora_w13", "add_lora_w2")
-FP8_OPS = ("lora_shrink_fp8", "lora_expand_fp8")
+FP8_OPS = ("lora_shrink_fp8", "lora_expand_fp8", "fused_moe_lora_fp8")
 CUDA_OPS = DENSE_OPS + MOE_OPS + FP8_OPS
 no_cuda = not torch.cuda.is_available()
 ONE_SHOT_MAX_RANK = 128  # vLLM's _FUSED_MOE_LORA_ONE_SHOT_MAX_RANK: above it, or fully sharded, two kernels
@@ -355,6 +355,23 @@ def emulated_cuda_target(monkeypatch):
                                   b_scale, a_scale, offset_start, add_inputs, group_k, group_n, use_fp8_w8a8,
                                   per_channel_quant)
 
+    def fused_moe_lora_fp8(output, qcurr_hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids,
+                           expert_ids, num_tokens_post_padded, token_lora_mapping, max_lora_rank, top_k_num, lora_ids,
+                           num_active_loras, adapter_enabled, shrink_block_size_m, shrink_block_size_n, shrink_block_size_k,
+                           shrink_group_size_m, shrink_num_warps, shrink_num_stages, shrink_split_k, expand_block_size_m,
+                           expand_block_size_n, expand_block_size_k, expand_group_size_m, expand_num_warps,
+                           expand_num_stages, expand_split_k, lora_a_scale_stacked, lora_b_scale_stacked,
+                           shrink_act_scale=None, expand_act_scale=None, mul_routed_weight=False, fully_sharded=False,
+                           offset=0, use_fp8_w8a8=False, use_int8_w8a8=False, use_int8_w8a16=False, per_channel_quant=False,
+                           block_shape=None):
+        parameters = inspect.signature(reference.fused_moe_lora_fp8).parameters  # the same names, in the same order
+        arguments = {name: value for name, value in locals().items() if name in parameters}
+        calls.append("fused_moe_lora_fp8")
+        assert type(num_active_loras) is int  # a grid dimension
+        fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+        assert qcurr_hidden_states.dtype in fp8 and all(w.dtype in fp8 for w in (*lora_a_stacked, *lora_b_stacked))
+        reference.fused_moe_lora_fp8(**arguments)
+
     fused_moe_lora, moe_lora_align_block_size = _moe_stand_ins(moe_calls)
     # Only what needs a GPU: the probes, the device, the Triton ops and the _moe_C op (and LoRAKernelMeta,
     # which punica_gpu imports only when triton is present; it is plain torch).
@@ -370,6 +387,8 @@ def emulated_cuda_target(monkeypatch):
     # the fp8 ops where TritonFp8LoRAKernels.from_vllm looks them up (their modules' registered ops)
     monkeypatch.setattr(importlib.import_module("vllm.lora.ops.triton_ops.lora_shrink_fp8_op"), "lora_shrink_fp8", lora_shrink_fp8)
     monkeypatch.setattr(importlib.import_module("vllm.lora.ops.triton_ops.lora_expand_fp8_op"), "lora_expand_fp8", lora_expand_fp8)
+    monkeypatch.setattr(importlib.import_module("vllm.lora.ops.triton_ops.fused_moe_lora_fp8_op"), "fused_moe_lora_fp8",
+                        fused_moe_lora_fp8)
     monkeypatch.setattr(vllm_cuda.VllmCudaTarget, "default_device", classmethod(lambda cls: torch.device("cpu")))
     monkeypatch.setattr(vllm_cuda.VllmCudaTarget, "synchronize", lambda self: None)
     for attribute in ("wrapper_class", "lora_config_class", "kernels", "moe_kernels", "fp8_kernels"):
@@ -646,6 +665,56 @@ def test_fp8_ops_pass_every_argument_to_vllms_op_by_name(active):
     assert shrink["per_channel_quant"] is False and expand["per_channel_quant"] is True
     assert expand["inputs"] is out and expand["output_tensor"] is x
     assert expand["offset_start"] == 3 and expand["add_inputs"] is True
+
+
+def test_fused_moe_lora_fp8_binds_to_the_installed_registered_op():
+    """vLLM's fused_moe_lora_fp8 (a registered custom op, also in the CPU build) takes exactly the target's and the
+    reference's parameters, in their order: every argument reaches its own parameter positionally."""
+    from conformance.targets.vllm_cuda import TritonFp8LoRAKernels, VllmCudaTarget, bind_arguments
+
+    pytest.importorskip("vllm.lora.ops.triton_ops.fused_moe_lora_fp8_op")
+    kernels = TritonFp8LoRAKernels.from_vllm()
+    assert isinstance(kernels, TritonFp8LoRAKernels) and kernels.fused_moe is not None, kernels
+    ours = list(inspect.signature(VllmCudaTarget.fused_moe_lora_fp8).parameters)[1:]
+    assert [p.name for p in kernels.fused_moe_params] == ours == list(inspect.signature(reference.fused_moe_lora_fp8).parameters)
+    args, kwargs = bind_arguments(kernels.fused_moe_params, {name: name for name in ours}, "fused_moe_lora_fp8")
+    assert list(args) == ours and kwargs == {}
+
+
+def test_fused_moe_lora_fp8_passes_every_argument_to_vllms_op_by_name():
+    from conformance.targets.vllm_cuda import TritonFp8LoRAKernels, VllmCudaTarget
+
+    calls = []
+
+    def recorder(output, qcurr_hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids, expert_ids,
+                 num_tokens_post_padded, token_lora_mapping, max_lora_rank, top_k_num, lora_ids, num_active_loras,
+                 adapter_enabled, shrink_block_size_m, shrink_block_size_n, shrink_block_size_k, shrink_group_size_m,
+                 shrink_num_warps, shrink_num_stages, shrink_split_k, expand_block_size_m, expand_block_size_n,
+                 expand_block_size_k, expand_group_size_m, expand_num_warps, expand_num_stages, expand_split_k,
+                 lora_a_scale_stacked, lora_b_scale_stacked, shrink_act_scale=None, expand_act_scale=None,
+                 mul_routed_weight=False, fully_sharded=False, offset=0, use_fp8_w8a8=False, use_int8_w8a8=False,
+                 use_int8_w8a16=False, per_channel_quant=False, block_shape=None):
+        calls.append(dict(locals()))
+
+    shrink, expand = _fp8_recorders([])
+    target = VllmCudaTarget.__new__(VllmCudaTarget)  # no GPU here: only the adaptation runs
+    target.fp8_kernels = TritonFp8LoRAKernels(shrink, expand, fused_moe=recorder)
+    tensors = {name: torch.zeros(1) for name in ("output", "x", "topk_weights", "sorted", "experts", "padded", "mapping",
+                                                  "lora_ids", "enabled", "act_scale")}
+    a, b, sa, sb = [torch.zeros(2)], [torch.zeros(3)], [torch.ones(2)], [torch.ones(3)]
+    tiles = tuple(range(16, 30))
+    t = tensors
+    target.fused_moe_lora_fp8(t["output"], t["x"], a, b, t["topk_weights"], t["sorted"], t["experts"], t["padded"], t["mapping"],
+                              8, 2, t["lora_ids"], torch.tensor([3]), t["enabled"], *tiles, sa, sb, t["act_scale"], None,
+                              True, False, 4, True, False, False, False, [16, 32])
+    (got,) = calls
+    assert got["output"] is t["output"] and got["qcurr_hidden_states"] is t["x"] and got["lora_a_stacked"] is a
+    assert got["sorted_token_ids"] is t["sorted"] and got["expert_ids"] is t["experts"] and got["adapter_enabled"] is t["enabled"]
+    assert (got["max_lora_rank"], got["top_k_num"], got["shrink_block_size_m"], got["expand_split_k"]) == (8, 2, 16, 29)
+    assert got["num_active_loras"] == 3 and type(got["num_active_loras"]) is int  # a grid dimension
+    assert got["lora_a_scale_stacked"] is sa and got["lora_b_scale_stacked"] is sb and got["shrink_act_scale"] is t["act_scale"]
+    assert got["expand_act_scale"] is None and got["mul_routed_weight"] is True and got["offset"] == 4
+    assert (got["use_fp8_w8a8"], got["per_channel_quant"], got["block_shape"]) == (True, False, [16, 32])
 
 
 def test_without_fp8_ops_the_fp8_cases_say_why(monkeypatch, emulated_cuda_target, smoke_cases):

@@ -33,13 +33,15 @@ below (docs/verdict.md, *fp8 ops*): budget ratio at most 0.210 (plain), 0.189 (r
 the sum), systematic ratio at most 4.6e-3."""
 
 
-def structures() -> list[tuple[str, object]]:
-    return [pair for seed in RUN_SEEDS for pair in profile_cases("smoke", seed, ops=FP8_OPS)]
+def structures(ops=FP8_OPS) -> list[tuple[str, object]]:
+    """The smoke cases of ``ops`` over ``RUN_SEEDS``: the shapes the value seeds fill."""
+    return [pair for seed in RUN_SEEDS for pair in profile_cases("smoke", seed, ops=ops)]
 
 
-def sweep(target) -> tuple[list[str], float, float]:
-    """Every value seed's result: the cases not passed, the largest budget and systematic ratios."""
-    cases = structures()
+def sweep(target, ops=FP8_OPS) -> tuple[list[str], float, float]:
+    """Every value seed's result over the structures of ``ops``: the cases not passed, the largest budget and
+    systematic ratios (tests/verdict/test_moe_fp8_calibration.py sweeps ``fused_moe_lora_fp8`` with it)."""
+    cases = structures(ops)
     failed, budget, systematic = [], 0.0, 0.0
     for seed in VALUE_SEEDS:
         case_id, case = cases[seed % len(cases)]

@@ -9,9 +9,10 @@ What they compute (vLLM 0.32.0 ``vllm/lora/ops/triton_ops/lora_shrink_fp8_op.py`
 
 ``c_s`` is ``offset_start`` plus the widths of the slices before ``s``; the expand has no ``scaling``.
 The scales are read at the granularity the kernel picks (:class:`Quant`), only when ``use_fp8_w8a8``;
-without it nothing is scaled and the operands are multiplied as they are. The shrink zeroes its whole
-output first (so rows of slot −1 read 0 afterwards, and the columns past the rank too); the expand
-never touches rows of slot −1 or columns outside its slices.
+without it nothing is scaled and the operands are multiplied as they are. vLLM's shrink zeroes its
+whole output first; this one, like the target's ``lora_shrink``, writes the rows of an adapter only and
+leaves rows of slot −1 and the columns past the rank as given (a zeroed buffer from the wrapper, so the
+values agree); the expand never touches rows of slot −1 or columns outside its slices.
 
 How it runs, per device (docs/hpu.md, "fp8"):
 
@@ -289,7 +290,7 @@ class Fp8Steps:
         return (rows.gather_index, rows.row_active)
 
     def shrink(self, out, x, lora_a, b_scale, a_scale, rows: PaddedRows, scaling: float, quant: Quant) -> None:
-        """``out[t, :R] = round(scaling · x[t] @ A[l]ᵀ)`` for rows with an adapter, 0 elsewhere (``out`` zeroed)."""
+        """``out[t, :R] = round(scaling · x[t] @ A[l]ᵀ)`` for rows with an adapter; rows of slot −1 are left as given."""
         w = as_3d(lora_a)
         slots, rank, hidden = w.shape
         _check_rows(rows, x=x, out=out)
@@ -302,7 +303,8 @@ class Fp8Steps:
             shrunk = self._native_shrink(x_pad, a_scale, w, b_scale, rows.mask(slots, rank), scaling, quant)
         else:
             shrunk = self._shrink(x_pad, a_scale, w, b_scale, *self._rows_args(rows, slots, rank), scaling, quant)
-        self.engine._write(out[:, :rank], shrunk.to(out.dtype), rows)  # rows without adapter: exact zeros
+        target = out[:, :rank]  # rows with an adapter replaced (rounded once); the others, and columns past R, as given
+        self.engine._write(target, self.engine._merge(pad_rows(target, rows.padded), shrunk, rows.row_active, False), rows)
 
     def expand(self, out, s, lora_b, b_scale, a_scale, rows: PaddedRows, column: int, add_inputs: bool, quant: Quant) -> None:
         """``out[t, column:column+N] = round((out if add_inputs else 0) + round(s[t] @ B[l]ᵀ))`` for rows with an adapter."""
@@ -318,6 +320,28 @@ class Fp8Steps:
         else:
             delta = self._expand(s_pad, a_scale, w, b_scale, *self._rows_args(rows, slots, rank), quant)
         self.engine._finish(target, delta.to(out.dtype), rows, add_inputs, None)
+
+
+def moe_operands(x_q, act_scale, a_stacks, a_scales, b_stacks, b_scales, quant: Quant, decode: Callable):
+    """``fused_moe_lora_fp8``'s operands dequantized to float32: the activations ``[rows, K]`` and every
+    ``[L, E, ·, ·]`` stack. Each (slot, expert) is scaled as one slot of the dense layouts (its scale
+    ``[L, E]``, ``[L, E, N(, 1)]`` or ``[L, E, ⌈N/gn⌉, ⌈K/gk⌉]`` read with the first two dimensions as one),
+    since vLLM's kernel indexes the scale by slot and expert as it indexes the weights."""
+
+    def stack(w_q, scale):
+        flat = w_q.reshape(-1, *w_q.shape[2:])  # [L·E, N, K]
+        if quant.granularity == "none":
+            return dequantize(flat, None, decode).reshape(w_q.shape)
+        per_expert = scale.reshape(-1, *scale.shape[2:])
+        return dequantize(flat, weight_scales(per_expert, *flat.shape[1:], quant), decode).reshape(w_q.shape)
+
+    if quant.granularity == "none":
+        x = dequantize(x_q, None, decode)
+    else:
+        x = dequantize(x_q, activation_scales(act_scale, x_q.size(0), x_q.size(1), quant), decode)
+    a_scales = a_scales if quant.granularity != "none" else [None] * len(a_stacks)
+    b_scales = b_scales if quant.granularity != "none" else [None] * len(b_stacks)
+    return x, [stack(a, s) for a, s in zip(a_stacks, a_scales)], [stack(b, s) for b, s in zip(b_stacks, b_scales)]
 
 
 def check_scales(name: str, quant: Quant, stacks: list[torch.Tensor], b_scale, a_scale) -> None:

@@ -11,7 +11,9 @@ steps as the wrapper:
   (``slots_from_sorted_metadata``), reading the segments, not ``token_lora_mapping``, as the kernels do;
   ``no_lora_flag_cpu`` (a CPU tensor by contract) skips the call on the host;
 * ``lora_shrink_fp8`` / ``lora_expand_fp8``: the same rows, fp8 codes and their scales (``fp8``); the
-  shrink zeroes its whole output first, as vLLM's does.
+  shrink writes the rows of an adapter only, as ``lora_shrink`` does (vLLM's zeroes the whole buffer first);
+* ``fused_moe_lora_fp8``: the codes dequantized to float32 per (slot, expert) (``fp8.moe_operands``), then
+  ``fused_moe_lora``'s routing and engine steps; it always adds, as vLLM's does.
 
 Shrink ops add into the caller's zeroed float32 buffer; expand ops honour ``add_inputs`` and never touch
 rows of slot −1 or columns outside their slice. Defaults are vLLM's (bgmv ``add_inputs=True``, sgmv and
@@ -23,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .engine import LoRAEngine
-from .fp8 import Fp8Steps, Quant, check_scales
+from .fp8 import Fp8Steps, Quant, check_scales, moe_operands
 from .moe_align import align_block_size
 from .rows import RoutedPairs, enabled_slots, pairs_from_aligned_metadata, slots_from_segments, slots_from_sorted_metadata
 from .stacks import as_3d
@@ -133,7 +135,8 @@ class HpuKernelOps:
         check_scales("lora_shrink_fp8", quant, lora_a_weights, b_scale, a_scale)
         meta = (token_lora_mapping, token_indices_sorted_by_lora_ids, num_tokens_per_lora, lora_token_start_loc, lora_ids)
         rows = self._sorted_rows(inputs.size(0), *meta)
-        output_tensor.zero_()  # as vLLM's op: the whole buffer, rows of slot −1 and columns past the rank too
+        # vLLM's op zeroes the whole buffer first; like this target's lora_shrink, this one writes only the rows of an
+        # adapter (the suite's contract: rows of slot −1 and columns past the rank are left as given, a zeroed buffer)
         for s, lora_a in enumerate(lora_a_weights):
             scales = b_scale[s] if quant.granularity != "none" else None
             self._fp8_steps().shrink(output_tensor[s], inputs, lora_a, scales, a_scale, rows, scaling, quant)
@@ -198,6 +201,36 @@ class HpuKernelOps:
         self.engine.moe_into(output.view(num_pairs, -1), qcurr_hidden_states, tuple(lora_a_stacked), tuple(lora_b_stacked),
                              pairs, top_k, offset, add_inputs, weights)
         self.engine.layer.after_op()
+
+    def fused_moe_lora_fp8(
+        self, output, qcurr_hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids, expert_ids,
+        num_tokens_post_padded, token_lora_mapping, max_lora_rank: int, top_k_num: int, lora_ids, num_active_loras,
+        adapter_enabled, shrink_block_size_m: int, shrink_block_size_n: int, shrink_block_size_k: int,
+        shrink_group_size_m: int, shrink_num_warps: int, shrink_num_stages: int, shrink_split_k: int,
+        expand_block_size_m: int, expand_block_size_n: int, expand_block_size_k: int, expand_group_size_m: int,
+        expand_num_warps: int, expand_num_stages: int, expand_split_k: int, lora_a_scale_stacked, lora_b_scale_stacked,
+        shrink_act_scale=None, expand_act_scale=None, mul_routed_weight: bool = False, fully_sharded: bool = False,
+        offset: int = 0, use_fp8_w8a8: bool = False, use_int8_w8a8: bool = False, use_int8_w8a16: bool = False,
+        per_channel_quant: bool = False, block_shape=None,
+    ) -> None:
+        """vLLM's Triton op, ``block_shape = [group_n, group_k]``; of the tiles only ``shrink_block_size_m`` is read
+        (the alignment's block). The intermediate is the output dtype's, as in ``fused_moe_lora``: there are no
+        fp8 codes in it to scale, so an ``expand_act_scale`` is refused. It always adds, as vLLM's does."""
+        tiles = (shrink_block_size_n, shrink_block_size_k, shrink_group_size_m, shrink_num_warps, shrink_num_stages,
+                 shrink_split_k, expand_block_size_m, expand_block_size_n, expand_block_size_k, expand_group_size_m,
+                 expand_num_warps, expand_num_stages, expand_split_k)
+        if use_int8_w8a8 or use_int8_w8a16 or expand_act_scale is not None:
+            raise ValueError("fused_moe_lora_fp8 here takes fp8 operands and no expand_act_scale")
+        group_n, group_k = block_shape if block_shape is not None else (0, 0)
+        quant = Quant.of(use_fp8_w8a8, per_channel_quant, group_k, group_n)
+        check_scales("fused_moe_lora_fp8", quant, list(lora_a_stacked), lora_a_scale_stacked, shrink_act_scale)
+        check_scales("fused_moe_lora_fp8", quant, list(lora_b_stacked), lora_b_scale_stacked, shrink_act_scale)
+        x, a_stacks, b_stacks = moe_operands(qcurr_hidden_states, shrink_act_scale, lora_a_stacked, lora_a_scale_stacked,
+                                             lora_b_stacked, lora_b_scale_stacked, quant, self._fp8_steps().backend.decode)
+        self.fused_moe_lora(output, x, a_stacks, b_stacks, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
+                            token_lora_mapping, max_lora_rank, top_k_num, lora_ids, num_active_loras, adapter_enabled,
+                            shrink_block_size_m, *tiles, mul_routed_weight=mul_routed_weight, fully_sharded=fully_sharded,
+                            offset=offset, add_inputs=True)
 
     def moe_lora_align_block_size(
         self, topk_ids, token_lora_mapping, num_experts: int, block_size: int, max_loras: int, max_num_tokens_padded: int,

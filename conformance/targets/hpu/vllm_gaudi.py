@@ -81,7 +81,7 @@ class VllmHpuTarget(TokenHeadFromShrink, Target):
     # fused-MoE methods and the plugin registers no MoE LoRA kernel.
     why_not_implemented = {
         op: f"vllm-gaudi has no MoE LoRA: PunicaWrapperHPU implements no {op} (nor add_lora_fused_moe), and the plugin ships no fused-MoE LoRA kernel"
-        for op in ("add_lora_w13", "add_lora_w2", "fused_moe_lora", "moe_lora_align_block_size")
+        for op in ("add_lora_w13", "add_lora_w2", "fused_moe_lora", "fused_moe_lora_fp8", "moe_lora_align_block_size")
     } | {
         # vLLM 0.32's classification-head full linear (ClassificationHeadWithLoRA); vLLM's GPU/CPU/XPU wrappers have it
         "apply_lora_full_linear": "vllm-gaudi's PunicaWrapperHPU has no apply_lora_full_linear (vLLM's classification-head full linear)",

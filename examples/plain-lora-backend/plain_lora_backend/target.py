@@ -27,7 +27,7 @@ class PlainExampleTarget(KernelTarget):
     # Left out on purpose, to keep the example short; a MoE backend defines them like the dense kernels.
     why_not_implemented = {
         op: f"the example backend leaves the fused-MoE kernels out on purpose ({op}; see docs/moe.md for their contract)"
-        for op in ("fused_moe_lora", "moe_lora_align_block_size")
+        for op in ("fused_moe_lora", "fused_moe_lora_fp8", "moe_lora_align_block_size")
     }
 
     # -- bgmv: one slot per token (decode) ---------------------------------------------------------
