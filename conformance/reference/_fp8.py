@@ -58,3 +58,17 @@ def weight_scales(b_scale: torch.Tensor, mode: str, stack: torch.Tensor, group_n
 def dequantized(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``codes · scales`` in ``dtype``: exact in float64 (a 4-bit significand times a float32 scale)."""
     return codes.to(dtype) * scales.to(dtype)
+
+
+def operands(xs, stacks: list[torch.Tensor], a_scale, b_scale: list[torch.Tensor], use_fp8_w8a8: bool, group_k: int,
+             group_n: int, per_channel_quant: bool, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The activations ``xs`` (each ``[rows, K]``, one ``a_scale`` for all) and the weight stacks (``[L, N, K]``,
+    one scale each) as real values in ``dtype``: dequantized at the kernels' granularity with ``use_fp8_w8a8``,
+    else only widened (the kernels then read no scale)."""
+    if not use_fp8_w8a8:
+        return [x.to(dtype) for x in xs], [w.to(dtype) for w in stacks]
+    mode = granularity(group_k, group_n, per_channel_quant)
+    rows, k = xs[0].shape
+    x_scales = activation_scales(a_scale, mode, rows, k, group_k)
+    weights = [dequantized(w, weight_scales(scale, mode, w, group_n, group_k), dtype) for w, scale in zip(stacks, b_scale)]
+    return [dequantized(x, x_scales, dtype) for x in xs], weights

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ._fp8 import activation_scales, dequantized, granularity, weight_scales
+from ._fp8 import operands
 from ._stacks import accumulation_dtype, weight_stack
 from .kernel_meta import segments_of_active_loras
 
@@ -57,14 +57,8 @@ def lora_expand_fp8(
     if offset_start + sum(b.size(1) for b in stacks) > output_tensor.size(-1):
         raise ValueError(f"slices of widths {[b.size(1) for b in stacks]} from column {offset_start} overrun {output_tensor.size(-1)} columns")
     acc = accumulation_dtype(output_tensor, *([a_scale] if a_scale is not None else []), *b_scale)
-    mode = granularity(group_k, group_n, per_channel_quant)
-    _, tokens, rank = inputs.shape
-    if use_fp8_w8a8:
-        x_scales = activation_scales(a_scale, mode, tokens, rank, group_k)
-        xs = [dequantized(x, x_scales, acc) for x in inputs]
-        weights = [dequantized(b, weight_scales(s, mode, b, group_n, group_k), acc) for b, s in zip(stacks, b_scale)]
-    else:
-        xs, weights = [x.to(acc) for x in inputs], [b.to(acc) for b in stacks]
+    # one a_scale serves every slice's input (the kernel has no slice stride for it)
+    xs, weights = operands(list(inputs), stacks, a_scale, b_scale, use_fp8_w8a8, group_k, group_n, per_channel_quant, acc)
     segments = list(segments_of_active_loras(token_indices_sorted_by_lora_ids, num_tokens_per_lora, lora_token_start_loc, lora_ids))
     column = offset_start
     for x, lora_b in zip(xs, weights):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ._fp8 import activation_scales, dequantized, granularity, weight_scales
+from ._fp8 import operands
 from ._stacks import accumulation_dtype, weight_stack
 from .kernel_meta import segments_of_active_loras
 
@@ -55,13 +55,7 @@ def lora_shrink_fp8(
     if token_lora_mapping.numel() != inputs.size(0):
         raise ValueError(f"token_lora_mapping has {token_lora_mapping.numel()} entries for {inputs.size(0)} tokens")
     acc = accumulation_dtype(output_tensor, *([a_scale] if a_scale is not None else []), *b_scale)
-    mode = granularity(group_k, group_n, per_channel_quant)
-    tokens, hidden = inputs.shape
-    if use_fp8_w8a8:
-        x = dequantized(inputs, activation_scales(a_scale, mode, tokens, hidden, group_k), acc)
-        weights = [dequantized(a, weight_scales(s, mode, a, group_n, group_k), acc) for a, s in zip(stacks, b_scale)]
-    else:
-        x, weights = inputs.to(acc), [a.to(acc) for a in stacks]
+    (x,), weights = operands([inputs], stacks, a_scale, b_scale, use_fp8_w8a8, group_k, group_n, per_channel_quant, acc)
     for slot, rows in segments_of_active_loras(token_indices_sorted_by_lora_ids, num_tokens_per_lora, lora_token_start_loc, lora_ids):
         for s, lora_a in enumerate(weights):
             product = x[rows] @ lora_a[slot].T  # [rows, R]
