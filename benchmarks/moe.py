@@ -141,8 +141,9 @@ def grouped_gathered_elements(w: MoEWorkload) -> int:
 _GEMM_S_PER_FLOP = 25e-12
 _MASK_S_PER_INTERMEDIATE = 6e-9
 _MASK_S_PER_OUTPUT = 25e-9
-_GATHER_S_PER_ELEMENT = {"hpu-gather": 12e-9, "plain-gather": 6e-9, "hpu-grouped": 6e-9}
-_GROUPED_S_PER_ROW_ELEMENT = 10e-9  # the inputs gathered into blocks, the deltas gathered back, the write-back
+_BF16_GEMM_S_PER_FLOP = 6e-12  # bf16 bmm (oneDNN, AMX where the CPU has it); the grouped variant's w13 products
+_GATHER_S_PER_ELEMENT = {"hpu-gather": 12e-9, "plain-gather": 6e-9, "hpu-grouped": 3e-9}
+_GROUPED_S_PER_ROW_ELEMENT = 4e-9  # the inputs gathered into blocks (bf16), the write-back (index_add_, copies)
 _REFERENCE_S_PER_GROUP = 1e-3  # per (slot, expert) group and slice: Python, indexing, the alignment
 
 
@@ -156,12 +157,20 @@ def predicted(w: MoEWorkload) -> tuple[int, float]:
         secs = (mask_flops(w) * _GEMM_S_PER_FLOP + p * virtual_columns(w) * s * _MASK_S_PER_INTERMEDIATE
                 + p * n * s * _MASK_S_PER_OUTPUT)
         return prepared + per_slice, secs
-    if w.implementation == "hpu-grouped":  # no cached copy: weights gathered per block in bf16, upcast there
+    if w.implementation == "hpu-grouped":
+        # No cached copy. bf16 operands: the inputs gathered into blocks and each block's weights gathered in
+        # bf16, both bmm in bf16 (float32 accumulation); w2's expand in float32 on upcast B blocks (the routing
+        # weight is applied before the delta is rounded). One slice's delta alive at a time, added into a
+        # bf16 scratch copy of the output columns (grouped_moe, writeback.merge_blocks).
         p, layout = padded_pairs(w), block_layout(w)
-        per_slice = layout.blocks * w.rank * (k + n) * 6 + layout.positions * (w.rank + n) * 4 + p * n * 4 * 3
-        secs = (grouped_static_flops(w) * _GEMM_S_PER_FLOP + grouped_gathered_elements(w) * _GATHER_S_PER_ELEMENT["hpu-grouped"]
+        weighted = w.op == "w2"
+        per_slice = (layout.blocks * w.rank * (k * 2 + n * (6 if weighted else 2)) + layout.positions * w.rank * 2
+                     + layout.positions * n * (6 if weighted else 2) + p * n * 2 * 2)
+        secs = (grouped_static_flops(w) * (_GEMM_S_PER_FLOP + _BF16_GEMM_S_PER_FLOP) / 2
+                + grouped_gathered_elements(w) * _GATHER_S_PER_ELEMENT["hpu-grouped"]
+                + (layout.blocks * w.rank * n * s * _GATHER_S_PER_ELEMENT["hpu-grouped"] if weighted else 0)
                 + (layout.positions * (k + n * s) + p * n * s) * _GROUPED_S_PER_ROW_ELEMENT)
-        return layout.positions * k * 4 + per_slice, secs
+        return layout.positions * k * 2 + per_slice, secs
     if w.implementation == "hpu-gather":
         p = padded_pairs(w)
         return prepared + p * w.rank * max(k, n) * 4 + p * n * 4 * 3 + p * k * 6, gathered_elements(w) * _GATHER_S_PER_ELEMENT[w.implementation]
@@ -289,7 +298,9 @@ def report(results: list, skipped: list, plan: Plan, command: str, machine_lines
              "with every input in float64; `reference-f32`: the same code with bfloat16 inputs, so float32 "
              "accumulation; `hpu-grouped`: the suite's Gaudi implementation on the CPU (`hpu-emulated`, its "
              "default MoE variant, `conformance/targets/hpu/grouped_moe.py`): the pairs sorted by (slot, expert) into "
-             "blocks of a static layout per bucket, one weight gather per block, two `bmm` over the blocks; "
+             "blocks of a static layout per bucket, one bf16 weight gather per block, two `bmm` over the blocks in bf16 "
+             "(float32 accumulation; w2's expand in float32 for the routing weight), the block rows added into "
+             "their pairs' output rows (`index_add_`); "
              "`hpu-mask`: the same target with `moe_variant=\"mask\"`: every "
              "(token, choice) pair a row, every (slot, expert) a virtual slot of the dense mask LoRA, GEMMs over "
              "all L·E·R columns; `hpu-gather`: its index_select variant (`hpu-emulated-gather`), each padded pair's "

@@ -4,6 +4,7 @@
     lora-conformance targets [list]                         which targets can run here
     lora-conformance describe NAME                          what one target implements, op × dtype
     lora-conformance report html|merge|allure|compare …     reports, merges, comparisons (python -m conformance.report)
+    lora-conformance self-check [--target=NAME]             can this environment run the suite (and the target)?
 
 ``run`` is ``pytest --pyargs conformance`` with the given options: it works from any directory of an
 environment where the suite is installed, and its exit code is the gate's.
@@ -29,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         if command == "describe":
             return targets_main(["describe", *rest])
         return targets_main(rest or ["list"])
+    if command == "self-check":
+        from conformance.selfcheck import main as self_check_main
+
+        return self_check_main(rest)
     if command == "report":
         from conformance.report.__main__ import main as report_main
 

@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 
 from conformance.gate import gate_verdict, summarize
-from conformance.text import safe_text, without_surrogates
+from conformance.text import TRACEBACK_LIMIT, safe_text, without_surrogates
 
 MANIFEST = "run.json"
 JOURNALS = "results"
@@ -84,7 +84,8 @@ def read_journals(report_dir: Path) -> list[dict]:
     A line cut short by a kill in the middle of a write is skipped: its case counts as missing. A journal
     written before messages were made safe text (``conformance.text``) may hold ``"\\udcff"``, which JSON
     decodes into a lone surrogate that no UTF-8 writer accepts: such surrogates come back escaped
-    (``\\udcff`` as text), and a message longer than ``conformance.text.MESSAGE_LIMIT`` is cut.
+    (``\\udcff`` as text), and a message longer than ``conformance.text.MESSAGE_LIMIT`` is cut, as is
+    a ``traceback`` (what the target raised) longer than ``conformance.text.TRACEBACK_LIMIT``.
     """
     by_id: dict[str, dict] = {}
     for path in sorted((Path(report_dir) / JOURNALS).glob("*.jsonl")):
@@ -98,6 +99,8 @@ def read_journals(report_dir: Path) -> list[dict]:
                 record = without_surrogates(record)
                 if isinstance(record.get("message"), str):
                     record["message"] = safe_text(record["message"])
+                if isinstance(record.get("traceback"), str):
+                    record["traceback"] = safe_text(record["traceback"], TRACEBACK_LIMIT)
                 by_id[record["id"]] = record
     return sorted(by_id.values(), key=lambda r: r["id"])
 

@@ -246,7 +246,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_WORKERS_KEY] = []
         config.pluginmanager.register(ControllerRecords(config), "lora-conformance-controller")
         if config.option.progress_every >= 0:
-            config.pluginmanager.register(Progress(config, config.option.progress_every), "lora-conformance-progress")
+            progress = Progress(config, config.option.progress_every, plan=run.support_plan, workers=_case_processes(config))
+            config.pluginmanager.register(progress, "lora-conformance-progress")
 
 
 def _target_facts(config: pytest.Config, target_name: str | None) -> TargetFacts | None:
@@ -296,6 +297,12 @@ def _default_artifact_paths(config: pytest.Config, run: ConformanceRun) -> None:
         # results of an earlier run would mix into this one (workers never clean); a resumed run adds to its own
         if run.controller and run.resume_manifest is None:
             shutil.rmtree(option.allure_report_dir, ignore_errors=True)
+
+
+def _case_processes(config: pytest.Config) -> int:
+    """How many processes run cases at once: xdist's workers (``-n``, a number by now), else this one."""
+    workers = getattr(config.option, "numprocesses", None)
+    return workers if isinstance(workers, int) and workers > 0 else 1
 
 
 def _runs_cases(config: pytest.Config) -> bool:
@@ -359,7 +366,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if run.controller and not getattr(config.option, "numprocesses", None):
         _write_manifest(config, [item.nodeid for item in session.items])
     if session.items and _runs_cases(config) and not config.option.collectonly:
-        run.start_worker()
+        run.start_worker([journal.case_id_of(item.nodeid) for item in session.items])  # only if one of them needs it
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:

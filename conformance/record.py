@@ -14,6 +14,13 @@ Determinism (``stability``): a case's target call is repeated on fresh copies of
   pass unless ``--require-deterministic``;
 * ``flaky``: the verdict itself did not repeat (a call or an attempt passed, another failed); a flaky
   failure still fails the gate.
+
+What the target raised (``traceback``): a case whose target raised (outcome *broken*, kind ``raised``)
+keeps the whole Python traceback, formatted in the target's process (``conformance.text.format_traceback``:
+the suite's frames from where it called the target, the target's frames, the chained causes), so a
+vendor can debug a failure inside an interop layer from the report alone. A crash or a timeout raised
+nothing: its message names the signal and the last Python frames, and ``traceback`` stays None; so
+does every other outcome's. ``results.json`` holds the field only where it is set.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from dataclasses import dataclass, field
 
 from conformance.cases.case import Case
 from conformance.ops import OP_SPECS, Level
-from conformance.text import safe_text
+from conformance.text import TRACEBACK_LIMIT, safe_text
 from conformance.verdict import FailureKind, Measurement, Outcome
 
 STABILITIES = ("deterministic", "nondeterministic", "flaky")
@@ -45,6 +52,7 @@ class CaseResult:
     kinds: tuple[FailureKind, ...] = ()  # how it went wrong (empty for a pass), most telling first
     stability: str | None = None  # see the module docstring; None: not measured (one call, or none ran)
     determinism: dict | None = None  # runs, attempts, differing elements, largest difference between calls
+    traceback: str | None = None  # what the target raised, formatted in its process (see the module docstring)
 
     @property
     def kind(self) -> FailureKind | None:
@@ -58,8 +66,9 @@ class CaseResult:
         return self.measurement.to_json() if self.measurement else None
 
     def to_json(self) -> dict:
-        """The results schema (results.json, the report, merge): one record per case, at any level."""
-        return {
+        """The results schema (results.json, the report, merge): one record per case, at any level;
+        ``traceback`` only where the target raised."""
+        record = {
             "id": self.case_id,
             "op": self.case.op,
             "level": self.level.value,
@@ -81,3 +90,6 @@ class CaseResult:
             "determinism": self.determinism,
             "case": self.case.to_json(),
         }
+        if self.traceback is not None:
+            record["traceback"] = safe_text(self.traceback, TRACEBACK_LIMIT)
+        return record

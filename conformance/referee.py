@@ -9,9 +9,10 @@ worker process of its own): it draws the values, hands them to the target's half
    the absolute values (the magnitude of the terms, for the budget's accumulation allowance);
 2. every call's output is judged (``conformance.verdict.judge``; an op with many correct outputs by
    its invariants, ``OpSpec.check``), and the message names the rows and their slots;
-3. every tensor the target was handed, inputs and metadata alike, must come back bit for bit as the
-   referee made it (inputs are read-only in every op's contract, and vLLM shares one step's metadata
-   across every layer);
+3. every tensor the target was handed, inputs and metadata alike, must come back with the values the
+   referee made (inputs are read-only in every op's contract, and vLLM shares one step's metadata
+   across every layer); a zero whose sign flipped or a NaN with another payload is recorded, not failed
+   (``conformance.verdict.bit_differences``), as outside the output's written region;
 4. the calls of an attempt are compared bit for bit with each other, and the attempts' verdicts with
    each other: ``stability`` and ``determinism`` of the result (``conformance.record``).
 Expectations (known failures) are applied afterwards, by ``conformance.expectations``.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -32,8 +33,9 @@ from conformance.record import CaseResult
 from conformance.target_call import TargetCall, Tensors, execute, handed_tensors
 from conformance.targets.reference import ReferenceTarget
 from conformance.verdict import FailureKind, Measurement, Outcome, judge
+from conformance.verdict.bit_differences import BitDifferences, bit_level_notes
 from conformance.verdict.failure_kind import ordered
-from conformance.verdict.metrics import bitwise_differences, spread
+from conformance.verdict.metrics import compare_values, spread
 
 CPU = torch.device("cpu")
 
@@ -111,26 +113,30 @@ def slices_hit(case: Case, output: torch.Tensor, problem) -> set[int]:
     return {bisect.bisect_right(bounds, c) - 1 if bounds[0] <= c < bounds[-1] else -1 for c in problem.columns}
 
 
-def _differs(after: torch.Tensor, before: torch.Tensor) -> bool:
-    return after.shape != before.shape or after.dtype != before.dtype or bool(bitwise_differences(after, before).any())
-
-
-def modified_inputs(spec: OpSpec, expected: Tensors, after: Tensors, values: Tensors | None = None) -> list[str]:
-    """What the call changed of what it was handed, one sentence each: the inputs (every tensor but the
-    op's outputs) and the metadata the call built, compared bit for bit with the referee's own copies."""
-    changed = []
+def modified_inputs(spec: OpSpec, expected: Tensors, after: Tensors,
+                    values: Tensors | None = None) -> tuple[list[str], tuple[BitDifferences, ...]]:
+    """What the call changed of what it was handed: one sentence per input (every tensor but the op's
+    outputs) or metadata tensor whose values differ from the referee's own copy, and the bit-level
+    differences of those whose values are equal (a −0 handed back as +0: a backend that round-trips
+    its inputs through another framework may canonicalize it; docs/verdict.md)."""
+    changed, bit_level = [], []
     for name, before in expected.items():
         if name in spec.outputs:
             continue
         what = "input" if values is None or name in values else "metadata"
         if name not in after:
             changed.append(f"did not hand back its {what} {name!r}")
-        elif _differs(after[name], before):
+            continue
+        now = after[name]
+        comparison = compare_values(now, before) if now.shape == before.shape and now.dtype == before.dtype else None
+        if comparison is None or comparison.changed.any():
             changed.append(
                 f"modified its input {name!r}, which every op must only read" if what == "input" else
                 f"modified the metadata {name!r} it was handed (vLLM shares one step's metadata across every layer)"
             )
-    return changed
+        elif entry := BitDifferences.of(comparison, name, what):
+            bit_level.append(entry)
+    return changed, tuple(bit_level)
 
 
 @dataclass
@@ -143,29 +149,36 @@ class RunJudgement:
     measurement: Measurement | None = None
     failing_slots: tuple[int, ...] = ()
     failing_slices: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()  # bit-level differences of equal values, one sentence each: said, not failed
 
 
 def judge_run(spec: OpSpec, case: Case, values: Tensors, expected: Tensors, after: Tensors, oracle: Oracle | None) -> RunJudgement:
     """One call's output against the oracle (or the op's invariants), and what it did to its inputs."""
-    changed = modified_inputs(spec, expected, after, values)
+    changed, input_bits = modified_inputs(spec, expected, after, values)
     changed_kind = [FailureKind.MODIFIED_INPUT] * bool(changed)
     if spec.check is not None:
-        return _checked_run(spec, case, values, after, changed, changed_kind)
+        return _checked_run(spec, case, values, after, changed, changed_kind, bit_level_notes(input_bits))
     verdict = judge(after[spec.output], oracle.output, oracle.baseline, values[spec.output], spec.written_mask(case),
                     oracle.delta, oracle.magnitude)
-    if verdict.passed and not changed:
-        return RunJudgement(True, measurement=verdict.measurement)
+    measurement = verdict.measurement
+    if measurement is not None and input_bits:
+        measurement = replace(measurement, bit_differences=measurement.bit_differences + input_bits)
     row_slots = spec.row_slots(case)
     uncovered = frozenset(row for row, covered in enumerate(case.covered_rows) if not covered) if spec.rows == "tokens" else frozenset()
+    notes = bit_level_notes(measurement.bit_differences if measurement else input_bits,
+                            lambda rows: describe_rows(rows, row_slots, uncovered=uncovered))
+    if verdict.passed and not changed:
+        return RunJudgement(True, measurement=measurement, notes=notes)
     details = [f"{p.text}: {describe_rows(p.rows, row_slots, uncovered=uncovered)}" if p.rows else p.text for p in verdict.problems]
     return RunJudgement(
-        False, details + changed, ordered([p.kind for p in verdict.problems] + changed_kind), verdict.measurement,
+        False, details + changed, ordered([p.kind for p in verdict.problems] + changed_kind), measurement,
         tuple(sorted({row_slots[row] for p in verdict.problems for row in p.rows})),
-        tuple(sorted({s for p in verdict.problems for s in slices_hit(case, after[spec.output], p)})),
+        tuple(sorted({s for p in verdict.problems for s in slices_hit(case, after[spec.output], p)})), notes,
     )
 
 
-def _checked_run(spec: OpSpec, case: Case, values: Tensors, after: Tensors, changed: list[str], changed_kind) -> RunJudgement:
+def _checked_run(spec: OpSpec, case: Case, values: Tensors, after: Tensors, changed: list[str], changed_kind,
+                 notes: tuple[str, ...]) -> RunJudgement:
     """An op judged by its invariants (``OpSpec.check``), not against the oracle: each problem names its slot."""
     reshaped = [
         f"output {name!r} has shape {tuple(after[name].shape)} and dtype {after[name].dtype}; expected {tuple(values[name].shape)} and {values[name].dtype}"
@@ -176,10 +189,10 @@ def _checked_run(spec: OpSpec, case: Case, values: Tensors, after: Tensors, chan
         return RunJudgement(False, reshaped, (FailureKind.WRONG_OUTPUT_TYPE,))
     problems = spec.check(case, after, values)
     if not problems and not changed:
-        return RunJudgement(True)
+        return RunJudgement(True, notes=notes)
     details = [f"slot {slot}: {text}" for slot, text in problems] + changed
     kinds = ordered([FailureKind.INVARIANT] * bool(problems) + changed_kind)
-    return RunJudgement(False, details, kinds, failing_slots=tuple(sorted({slot for slot, _ in problems})))
+    return RunJudgement(False, details, kinds, failing_slots=tuple(sorted({slot for slot, _ in problems})), notes=notes)
 
 
 # -- determinism -----------------------------------------------------------------------------------
@@ -222,6 +235,8 @@ def judge_op(case: Case, case_id: str, values: Tensors, attempts: list[TargetCal
     stability = "flaky" if flaky else None if measured is None else "deterministic" if measured["identical"] else "nondeterministic"
     result = _verdict(spec, case, case_id, first, judged[0], features)
     result.stability, result.determinism = stability, measured
+    if result.traceback is None:  # a later attempt that raised (a flaky failure): what it raised
+        result.traceback = next((a.traceback for a in attempts if a.traceback), None)
     if flaky:
         again = "passed" if all(j.passed for j in judged[1]) and attempts[1].status == "ran" else "ended otherwise"
         result.message += f" (flaky: attempt 2 of {len(attempts)} {again})"
@@ -242,9 +257,10 @@ def _verdict(spec: OpSpec, case: Case, case_id: str, attempt: TargetCall, judged
         which = f"call {attempt.raised_in + 1} of {calls}" if calls > 1 else "the call"
         earlier = f" after {attempt.raised_in} call(s) that returned" if attempt.raised_in else ""
         return CaseResult(case_id, case, Outcome.BROKEN, f"{which} raised{earlier}: {attempt.message}", measurement, features,
-                          attempt.seconds, kinds=(FailureKind.RAISED,))
-    if failing is None:
-        return CaseResult(case_id, case, Outcome.PASS, "", measurement, features, attempt.seconds)
+                          attempt.seconds, kinds=(FailureKind.RAISED,), traceback=attempt.traceback)
+    if failing is None:  # a pass says what differs in bits only, once per sentence over the calls
+        notes = "; ".join(dict.fromkeys(note for j in judged for note in j.notes))
+        return CaseResult(case_id, case, Outcome.PASS, notes, measurement, features, attempt.seconds)
     run = judged[failing]
     prefix = ""
     if len(judged) > 1:

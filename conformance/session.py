@@ -127,6 +127,7 @@ class ConformanceRun:
         self.isolation = settings.isolation
         self._executor = None
         self._tp_executor = None
+        self._cases_by_id: dict | None = None
         if self.isolation == "none" and runs_cases:
             self._executor = self._local_executor()  # load errors are usage errors, as they always were
             facts = self._executor.facts()
@@ -223,9 +224,14 @@ class ConformanceRun:
             )
         return self._tp_executor
 
-    def start_worker(self) -> None:
-        """Start the isolated worker now, so that it loads the target while the session sets up."""
-        if self.isolation == "process":
+    def start_worker(self, case_ids=None) -> None:
+        """Start the isolated worker now, so that it loads the target while the session sets up: when one of
+        ``case_ids`` (default: every case of the run) runs in it, as far as the target's facts tell."""
+        if self.isolation != "process":
+            return
+        cases = self.cases_by_id()
+        wanted = [cases[case_id] for case_id in (cases if case_ids is None else case_ids) if case_id in cases]
+        if any(kind_of(case, self.kinds).uses_worker and self.unsupported_reason(case) is None for case in wanted):
             self.executor.start()
 
     def close(self) -> None:
@@ -264,8 +270,11 @@ class ConformanceRun:
         return [CaseEntry((case_id, case, None)) for kind in self.kinds for case_id, case in self._in_shard(kind.cases(self.profile, self.seed))]
 
     def cases_by_id(self) -> dict:
-        """Every case of this run's shard by id, at every level."""
-        return {entry[0]: entry[1] for entry in self.entries()}
+        """Every case of this run's shard by id, at every level (drawn once: a profile's op cases take a second
+        to read from the disk cache, and the plugin, the worker's start and the progress line each ask)."""
+        if self._cases_by_id is None:
+            self._cases_by_id = {entry[0]: entry[1] for entry in self.entries()}
+        return self._cases_by_id
 
     def test_node_id(self, case_id: str) -> str:
         """The pytest node id of a case: every level's cases are one test, ``test_case`` (``conformance.plugin``)."""
@@ -307,12 +316,30 @@ class ConformanceRun:
     def repro_command(self, replay_path: Path) -> str:
         return f"pytest conformance --target={self.target_name} --replay {replay_path}"
 
+    def unsupported_reason(self, case) -> str | None:
+        """Why the target does not run ``case``, from its facts alone (its level's ``unsupported_reason``), or None."""
+        return kind_of(case, self.kinds).unsupported_reason(self.facts, case)
+
+    def support_plan(self) -> dict[str, tuple[str, bool]]:
+        """Every case of this run by id: its level's name, and whether the target's facts refuse it already
+        (such a case costs no time: the progress line's estimate counts it so)."""
+        plan = {}
+        for case_id, case in self.cases_by_id().items():
+            kind = kind_of(case, self.kinds)
+            plan[case_id] = (kind.name, kind.unsupported_reason(self.facts, case) is not None)
+        return plan
+
     def run(self, entry) -> CaseResult:
-        """One case of any level: its kind runs and judges it (``conformance.levels``), then the expectations,
-        the repro (and for op cases the replay and, with ``--shrink``, the shrunk case), and the journal."""
+        """One case of any level: a case the target's facts refuse is "not supported" without starting anything;
+        any other, its kind runs and judges it (``conformance.levels``). Then the expectations, the repro (and
+        for op cases the replay and, with ``--shrink``, the shrunk case), and the journal."""
         case_id, case, values = entry
         kind = kind_of(case, self.kinds)
-        result = kind.run(self, case_id, case, values)
+        reason = kind.unsupported_reason(self.facts, case)
+        if reason is not None:
+            result = kind.result_type(case_id, case, Outcome.NOT_SUPPORTED, reason, features=kind.features(case))
+        else:
+            result = kind.run(self, case_id, case, values)
         result = apply_expectations(result, self.expectations, self.today)
         shrunk = None
         if result.outcome in (Outcome.FAIL, Outcome.BROKEN, Outcome.KNOWN_FAILURE):

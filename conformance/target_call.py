@@ -28,7 +28,7 @@ import torch
 
 from conformance.cases.case import Case
 from conformance.ops import OP_SPECS, Level, OpCall, OpSpec, case_mapping
-from conformance.text import describe_exception
+from conformance.text import describe_exception, format_traceback
 
 Tensors = dict[str, torch.Tensor]
 
@@ -40,7 +40,9 @@ class TargetCall:
     """What one attempt at a case gave: ``status`` ``"ran"``, ``"raised"`` or ``"not_supported"``.
 
     ``runs`` holds, for each call that returned, every tensor handed to the target as it was after
-    that call, on the CPU; ``raised_in`` the call (0-based) that raised, if one did.
+    that call, on the CPU; ``raised_in`` the call (0-based) that raised, if one did, and ``traceback``
+    what it raised, formatted here in the target's process (``conformance.text.format_traceback``): from
+    :func:`call_target` through :func:`execute` into the target's frames, with the chained causes.
     """
 
     status: str
@@ -48,6 +50,7 @@ class TargetCall:
     runs: list[Tensors] = field(default_factory=list)
     seconds: float = 0.0
     raised_in: int | None = None
+    traceback: str | None = None
 
 
 def _parameter_names(spec: OpSpec) -> list[str]:
@@ -127,5 +130,6 @@ def call_target(target, case: Case, values: Tensors, runs: int = DEFAULT_RUNS) -
         return TargetCall("not_supported", f"{case.op} raised {describe_exception(exc)}")
     except Exception as exc:  # noqa: BLE001 - whatever the target raises is the referee's to judge
         outcome.status, outcome.message = "raised", describe_exception(exc)
+        outcome.traceback = format_traceback(exc)  # here: the frames do not cross the pipe, their text does
     outcome.seconds = time.perf_counter() - started
     return outcome

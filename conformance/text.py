@@ -12,6 +12,9 @@ stored:
 * :func:`describe_exception` is ``"TypeName: message (at file:line)"`` for an exception, made with
   :func:`safe_text`; it never raises either, even when the exception's ``__str__``, ``__repr__`` or its
   type's ``__name__`` do.
+* :func:`format_traceback` is the whole Python traceback of an exception, as Python prints it (every
+  frame, the chained causes and contexts, the notes), in safe text of at most ``TRACEBACK_LIMIT``
+  characters, each frame and each exception's message cut on its own first; it never raises.
 * :func:`without_surrogates` escapes the surrogates in every string of a JSON-like value (a journal line
   written before this module existed may hold ``"\\udcff"``, which ``json.loads`` turns back into one).
 
@@ -22,6 +25,7 @@ use it.
 from __future__ import annotations
 
 import re
+import traceback
 
 # 8,000 characters: a whole Python traceback of some 40 frames (about 200 characters a frame) plus its
 # message fits, so nothing a reader needs is cut from an ordinary error; yet a message is copied into
@@ -29,6 +33,17 @@ import re
 # trace, report.html), so 10,000 failing cases make at most some 80 MB of messages per artifact, not
 # the 100 GB a 10 MB device log per case would.
 MESSAGE_LIMIT = 8_000
+
+# 32,000 characters: a traceback travels in one more field than its message (``traceback``: the journal,
+# results.json, junit.xml's error text, the Allure trace, report.html), for broken cases only. A
+# traceback of 40 frames (some 250 characters a frame with Python 3.11's markers under the failing
+# expression) and a chained cause of as many frames fits whole; a deeper one keeps its head (where the
+# suite called the target) and its tail (the innermost frames and what raised).
+TRACEBACK_LIMIT = 32_000
+# one part of a traceback: a frame, or one exception's "TypeName: message" line; a 10 MB message in one
+# link of a chain must leave room for the other links' frames (the message itself is the record's
+# ``message``, cut to MESSAGE_LIMIT)
+TRACEBACK_PART_LIMIT = 2_000
 
 # C0 controls but tab and newline, DEL, C1 controls: a NUL ends a C string, ESC drives a terminal, \x85
 # and \x1c-\x1e split lines for str.splitlines; none of them belong in a report
@@ -88,6 +103,25 @@ def describe_exception(exc: BaseException) -> str:
         return "<an exception that could not be described>"
 
 
+def format_traceback(exc: BaseException) -> str:
+    """The whole traceback of ``exc`` as Python prints it (``traceback.format_exception``): from the frame
+    that caught it down to the one that raised it, then its notes, and before it the exceptions it was
+    raised from or while handling (``__cause__``, ``__context__``); in safe text (:func:`safe_text`).
+
+    Each part (a frame, an exception's message line, a note) is cut to ``TRACEBACK_PART_LIMIT``
+    characters, the whole to ``TRACEBACK_LIMIT`` (keeping its head and its tail). Never raises: an
+    exception that cannot even be formatted is described by :func:`describe_exception`.
+    """
+    try:
+        parts = traceback.TracebackException.from_exception(exc, compact=True).format()
+        text = "".join(_traceback_part(part) for part in parts).rstrip("\n")
+        return safe_text(text, TRACEBACK_LIMIT)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001 - a metaclass or a frame can make formatting raise: say what it was
+        return describe_exception(exc)
+
+
 def without_surrogates(value):
     """``value`` (a JSON-like structure: dicts, lists, strings, numbers) with every lone surrogate in its
     strings, keys included, escaped as ``\\udcff``; nothing else changes (nor is anything cut)."""
@@ -98,6 +132,13 @@ def without_surrogates(value):
     if isinstance(value, (list, tuple)):
         return [without_surrogates(v) for v in value]
     return value
+
+
+def _traceback_part(part: str) -> str:
+    """One part of a formatted traceback, cut to ``TRACEBACK_PART_LIMIT``; it keeps its final newline."""
+    if len(part) <= TRACEBACK_PART_LIMIT:
+        return part
+    return safe_text(part.rstrip("\n"), TRACEBACK_PART_LIMIT) + "\n"
 
 
 def _safe_text(value: object, limit: int) -> str:

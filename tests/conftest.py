@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 
 INTEGRATION_MODULES = {
     "isolation/test_crash_isolation.py", "isolation/test_hostile_messages.py", "isolation/test_referee.py",
-    "isolation/test_process_groups.py", "test_run_refusals.py", "test_cli.py", "test_sharding.py", "test_benchmarks.py",
+    "isolation/test_process_groups.py", "test_run_refusals.py", "test_cli.py", "test_selfcheck.py", "test_sharding.py", "test_benchmarks.py",
     "report/test_artifacts.py", "report/test_clusters.py", "report/test_compare.py", "report/test_merge_redraw.py",
     "tp/test_tp_plugin.py", "tp/test_tp_pool.py", "e2e/test_e2e_cli.py",
 }

@@ -72,10 +72,12 @@ Repetition = tuple[BatchRun, ...]  # every planned batch, in plan order, once
 class E2EProduction:
     """One case's production by the target: ``status`` ``"ran"``, ``"not_supported"`` or ``"raised"``.
 
-    ``message``: why not supported, or the exception and its last frames. ``seconds``: the time the
-    target's side spent on the case. ``repetitions``: for ``"ran"``, every repetition of the whole
-    production (``runs`` of them, on one engine); the referee judges the first and compares the others
-    with it bit for bit (a determinism measure).
+    ``message``: why not supported, or what the target raised (``"TypeName: message (at file:line)"``),
+    and ``traceback`` its whole traceback, formatted in the target's process
+    (``conformance.text.format_traceback``). ``seconds``: the time the target's side spent on the case.
+    ``repetitions``: for ``"ran"``, every repetition of the whole production (``runs`` of them, on one
+    engine); the referee judges the first and compares the others with it bit for bit (a determinism
+    measure).
     """
 
     case_id: str
@@ -83,6 +85,7 @@ class E2EProduction:
     message: str = ""
     seconds: float = 0.0
     repetitions: list[Repetition] = field(default_factory=list)
+    traceback: str | None = None
 
     @property
     def runs(self) -> int:

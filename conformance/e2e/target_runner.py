@@ -17,12 +17,12 @@ token classifier's (``TOKEN_CLASSIFICATION_ON_VLLM``); on a decoder target they 
 from __future__ import annotations
 
 import time
-import traceback
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
 
-from conformance.text import describe_exception
+from conformance.text import describe_exception, format_traceback
 
 from .cases import MAX_NEW_TOKENS, PARALLEL_MODEL, TOKCLS_MODEL, TOP_K, E2ECase
 from .decoder_engine import DecoderEngine, encode_prompt
@@ -63,26 +63,43 @@ def moe_unsupported_reason(target) -> str | None:
     are PEFT's 3-D ``target_parameters`` format, which vLLM 0.32 loads onto its (2-D) Mixtral only with
     ``enable_mixed_moe_lora_format`` and ``is_3d_lora_weight`` on each request.
     """
-    missing = [m for m in MOE_WRAPPER_METHODS if not callable(getattr(target, m, None))]
-    if target.generation_engine == "vllm":
+    implemented = target.implemented_ops()
+    return _moe_reason(target.name, target.generation_engine, [m for m in MOE_WRAPPER_METHODS if m not in implemented])
+
+
+def _moe_reason(name: str, generation_engine: str, missing: list[str]) -> str | None:
+    if generation_engine == "vllm":
         wrapper = (f"its wrapper has no MoE LoRA ({', '.join(missing)} missing: vLLM's PunicaWrapperBase raises "
                    f"NotImplementedError for add_lora_fused_moe/add_lora_w13/add_lora_w2 and only the Triton "
                    f"PunicaWrapperGPU overrides them)") if missing else "the suite does not drive vLLM's MoE LoRA engine path"
-        return (f"{target.name} runs end to end through the installed vLLM engine, and {wrapper}; the MoE "
+        return (f"{name} runs end to end through the installed vLLM engine, and {wrapper}; the MoE "
                 f"end-to-end cases run the suite's decoder through add_lora_w13/add_lora_w2")
     if missing:
-        return f"{target.name} does not implement {', '.join(missing)} (the decoder's MoE layers need them)"
+        return f"{name} does not implement {', '.join(missing)} (the decoder's MoE layers need them)"
     return None
 
 
-def describe_failure(exc: BaseException) -> str:
-    """An exception of the target's, as a broken result's message: what it is and where
-    (``conformance.text.describe_exception``), then the last 3 frames of its traceback; never raises."""
-    try:
-        frames = "".join(traceback.format_list(traceback.extract_tb(exc.__traceback__)[-3:]))
-    except Exception:  # noqa: BLE001 - describing a failure must not fail
-        frames = ""
-    return f"{describe_exception(exc)}\nTraceback (most recent call last):\n{frames}".rstrip("\n")
+def e2e_unsupported_reason(case: E2ECase, name: str, generation_engine: str, claims_dtype: bool,
+                           implemented: Collection[str]) -> str | None:
+    """Why a target does not run ``case`` end to end, or ``None``: from its name, its generation engine,
+    whether it claims the case's dtype and the wrapper methods it implements (``implemented_ops()``).
+
+    One function for both sides, so that they agree: the referee asks it with the target's facts before
+    any process starts (``conformance.levels.model``), the worker again with the loaded target.
+    """
+    if not claims_dtype:
+        return f"{name} does not support {case.dtype}"
+    if case.is_moe and (reason := _moe_reason(name, generation_engine, [m for m in MOE_WRAPPER_METHODS if m not in implemented])):
+        return reason
+    if generation_engine == "vllm":
+        if case.model == TOKCLS_MODEL:
+            return TOKEN_CLASSIFICATION_ON_VLLM.format(target=name)
+        return PACKED_5_ON_VLLM.format(target=name) if case.model == PARALLEL_MODEL else None
+    needed = WRAPPER_METHODS + (TOKEN_HEAD_METHODS if case.model == TOKCLS_MODEL else ())
+    missing = [m for m in needed if m not in implemented]
+    if missing:
+        return f"{name} does not implement {', '.join(missing)} (the decoder needs every LoRA call site)"
+    return None
 
 
 class E2ETargetRunner:
@@ -104,20 +121,10 @@ class E2ETargetRunner:
         return self._files[model]
 
     def unsupported_reason(self, case: E2ECase) -> str | None:
-        dtype = getattr(torch, case.dtype)
-        if dtype not in self.target.dtypes:
-            return f"{self.target.name} does not support {case.dtype}"
-        if case.is_moe and (reason := moe_unsupported_reason(self.target)):
-            return reason
-        if self.target.generation_engine == "vllm":
-            if case.model == TOKCLS_MODEL:
-                return TOKEN_CLASSIFICATION_ON_VLLM.format(target=self.target.name)
-            return PACKED_5_ON_VLLM.format(target=self.target.name) if case.model == PARALLEL_MODEL else None
-        needed = WRAPPER_METHODS + (TOKEN_HEAD_METHODS if case.model == TOKCLS_MODEL else ())
-        missing = [m for m in needed if not callable(getattr(self.target, m, None))]
-        if missing:
-            return f"{self.target.name} does not implement {', '.join(missing)} (the decoder needs every LoRA call site)"
-        return None
+        """``e2e_unsupported_reason`` of the loaded target: the referee decided it from the facts already."""
+        target = self.target
+        return e2e_unsupported_reason(case, target.name, target.generation_engine, getattr(torch, case.dtype) in target.dtypes,
+                                      target.implemented_ops())
 
     def engine(self, model: str, dtype: str):
         """The target's engine for a model and dtype, started for a case: the suite's decoder, or vLLM's
@@ -147,8 +154,9 @@ class E2ETargetRunner:
         ``continuations``: the reference's greedy tokens per request of the case's batch, drawn by the
         referee (the teacher-forced scoring feeds them); not read for a greedy_generation case or a case
         the target does not support (``None`` is fine there). A ``NotImplementedError`` from the target
-        makes the case not supported, any other exception ``"raised"``. Missing or malformed fixtures raise
-        (``FileNotFoundError``/``ValueError``): a bad file is not the target's fault.
+        makes the case not supported, any other exception ``"raised"`` (with its whole traceback). Missing
+        or malformed fixtures raise (``FileNotFoundError``/``ValueError``): a bad file is not the target's
+        fault.
         """
         if runs < 1:
             raise ValueError(f"runs must be at least 1, not {runs}")
@@ -169,7 +177,9 @@ class E2ETargetRunner:
         except NotImplementedError as exc:  # as for op cases: the target declares what it does not do
             return E2EProduction(case.case_id, NOT_SUPPORTED, f"a LoRA call of the decoder raised {describe_exception(exc)}")
         except Exception as exc:  # noqa: BLE001 - any exception from the target is the "broken" outcome
-            return E2EProduction(case.case_id, RAISED, describe_failure(exc), time.perf_counter() - start)
+            # formatted here, where the frames are: from this method through the engine into the target's
+            return E2EProduction(case.case_id, RAISED, describe_exception(exc), time.perf_counter() - start,
+                                 traceback=format_traceback(exc))
         return E2EProduction(case.case_id, RAN, "", time.perf_counter() - start, repetitions)
 
 

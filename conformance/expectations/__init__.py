@@ -46,10 +46,14 @@ import datetime as _dt
 import fnmatch
 import functools
 import importlib.metadata
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (vendor stacks still ship it): the same parser, packaged as tomli
+    import tomli as tomllib
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version

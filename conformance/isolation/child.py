@@ -17,32 +17,39 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-import traceback
 from multiprocessing.connection import Connection
 
 from conformance.isolation.protocol import Tag, dumps
 from conformance.isolation.worker import prepare_child
-from conformance.text import describe_exception, safe_text
+from conformance.text import describe_exception, format_traceback, safe_text
 
 
-def _portable(exc: BaseException) -> BaseException:
-    """``exc`` with the worker's traceback as a note; or, when it cannot be pickled or its message is not
-    safe text (``str()`` raises, or it holds surrogates or control characters, or is longer than
-    ``conformance.text.MESSAGE_LIMIT``), a RuntimeError saying the same in safe text. Never raises."""
-    try:
-        text = safe_text("".join(traceback.format_exception(exc)).rstrip())
-    except Exception:  # noqa: BLE001 - formatting a hostile exception can raise: say what it is instead
-        text = describe_exception(exc)
-    note = f"(raised in the isolated worker process {os.getpid()}:\n{text})"
+def _portable(exc: BaseException, traceback: str | None = None) -> BaseException:
+    """``exc`` with the worker's traceback (``traceback``, else formatted here) as a note; or, when it
+    cannot be pickled or its message is not safe text (``str()`` raises, or it holds surrogates or
+    control characters, or is longer than ``conformance.text.MESSAGE_LIMIT``), a RuntimeError saying the
+    same in safe text. Never raises."""
+    note = f"(raised in the isolated worker process {os.getpid()}:\n{traceback or format_traceback(exc)})"
     try:
         message = str(exc)
         if type(message) is str and safe_text(message) == message:
-            exc.add_note(note)
+            if hasattr(exc, "add_note"):
+                exc.add_note(note)
+            else:  # Python 3.10 has no add_note; 3.11 keeps its notes in the same attribute
+                exc.__notes__ = [*getattr(exc, "__notes__", ()), note]
             pickle.dumps(exc)
             return exc
     except Exception:  # noqa: BLE001 - an exception type that does not pickle, or whose str() raises
         pass
     return RuntimeError(f"{describe_exception(exc)}\n{note}")
+
+
+def _raised(exc: BaseException) -> tuple:
+    """The reply for an exception: the exception itself (:func:`_portable`, re-raised by the parent) and its
+    traceback as text (``conformance.text.format_traceback``), which a record keeps where it is the
+    target's (its constructor raised: ``conformance.isolation.process.TargetLoadError``)."""
+    traceback = format_traceback(exc)  # before _portable adds its note to exc
+    return Tag.RAISE, (_portable(exc, traceback), traceback)
 
 
 def main(argv: list[str]) -> int:
@@ -63,7 +70,7 @@ def main(argv: list[str]) -> int:
         executor = LocalExecutor(config["target"])
         reply((Tag.READY, executor.device_description()))
     except Exception as exc:  # noqa: BLE001 - the parent reports it for every case
-        reply((Tag.RAISE, _portable(exc)))
+        reply(_raised(exc))
         return 1
     while True:
         try:
@@ -75,7 +82,7 @@ def main(argv: list[str]) -> int:
         try:
             value = getattr(executor, method)(*args)
         except Exception as exc:  # noqa: BLE001 - the harness's own errors travel back to the parent
-            reply((Tag.RAISE, _portable(exc)))
+            reply(_raised(exc))
         else:
             reply((Tag.OK, value))
 

@@ -47,11 +47,13 @@ START_TIMEOUT = 600.0  # seconds a worker may take to import torch and load the 
 
 class TargetLoadError(RuntimeError):
     """The worker process could not load the target (its constructor raised, or loading crashed or hung);
-    every case from then on reports it, with the kind of the first failure."""
+    every case from then on reports it, with the kind of the first failure (and, where it raised, its
+    traceback)."""
 
-    def __init__(self, message: str, kind: FailureKind = FailureKind.RAISED) -> None:
+    def __init__(self, message: str, kind: FailureKind = FailureKind.RAISED, traceback: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
+        self.traceback = traceback  # what the constructor raised, formatted in the worker; None for a crash or hang
 
 
 class IsolatedExecutor:
@@ -135,8 +137,9 @@ class IsolatedExecutor:
                     raise
                 if kind == Tag.RAISE:
                     self._stop()
+                    raised, traceback = value
                     self._load_error = TargetLoadError(
-                        f"the target could not be loaded in the worker process: {describe_exception(value)}"
+                        f"the target could not be loaded in the worker process: {describe_exception(raised)}", traceback=traceback
                     )
                     raise self._load_error
                 self._ready, self._device = True, value
@@ -151,7 +154,7 @@ class IsolatedExecutor:
         kind, value = self._receive(timeout, doing)
         self._in_call = False
         if kind == Tag.RAISE:
-            raise value
+            raise value[0]  # a harness error in the worker: its traceback is a note of the exception
         return value
 
     # -- the executor's methods: the target's half of each case (conformance.isolation.local) ----------

@@ -7,8 +7,10 @@ supervised by :class:`conformance.isolation.worker.WorkerProcess`.
   loads the target and answers ``(Tag.READY, device description)`` or ``(Tag.RAISE, exception)``.
   Then each request is a pickled ``(method, args)`` of :class:`conformance.isolation.local.LocalExecutor`
   (a rank: ``(Tag.CASE, case)``), ``(Tag.EXIT, None)`` ends the worker, and each reply is
-  ``(Tag.OK, value)``, ``(Tag.RAISE, exception)`` (a rank: its text) or, from a rank,
-  ``(Tag.NOT_SUPPORTED, text)``, one at a time.
+  ``(Tag.OK, value)``, ``(Tag.RAISE, (exception, traceback text))`` (a rank: ``(Tag.RAISE, (text,
+  traceback text))``) or, from a rank, ``(Tag.NOT_SUPPORTED, text)``, one at a time. The traceback is
+  formatted in the process that caught the exception (``conformance.text.format_traceback``): its frames
+  do not cross a pipe, their text does.
 * The stack file: its first line names the worker's main thread (``MAIN_THREAD_LINE`` + its id as
   faulthandler prints it); every stack dump (a fatal signal, or ``STACK_DUMP_SIGNAL`` from the parent)
   is appended after it.
@@ -31,7 +33,7 @@ class Tag(str, enum.Enum):
 
     READY = "ready"  # the target loaded; the value is the device description
     OK = "ok"  # the call returned; the value is what it returned
-    RAISE = "raise"  # the call (or loading the target) raised; the value is the exception or its text
+    RAISE = "raise"  # the call (or loading the target) raised; the value is (the exception or its text, its traceback)
     NOT_SUPPORTED = "not_supported"  # a rank's call raised NotImplementedError; the value is its text
     CASE = "case"  # a request to a rank: run this tensor-parallel case
     EXIT = "exit"  # a request: end the process

@@ -22,6 +22,7 @@ from conformance.verdict import FailureKind, Outcome
 
 if TYPE_CHECKING:
     from conformance.session import ConformanceRun
+    from conformance.targets.facts import TargetFacts
 
 
 class CaseKind:
@@ -30,6 +31,7 @@ class CaseKind:
     name: str = ""  # the level's name in results.json ("kernel"/"wrapper" for op cases: see level_of)
     markers: dict[str, str] = {}  # the pytest markers its cases carry, with what each means
     result_type: type[CaseResult] = CaseResult
+    uses_worker: bool = True  # whether its cases run in the target's worker process (the session starts it early)
 
     def owns(self, case: Any) -> bool:
         """Whether ``case`` is one of this kind's."""
@@ -43,13 +45,22 @@ class CaseKind:
         """The markers of one case (a subset of ``markers``)."""
         return tuple(self.markers)
 
+    def unsupported_reason(self, facts: TargetFacts, case: Any) -> str | None:
+        """Why the target does not run ``case``, from its facts alone, or None (it may: its process says).
+        The session asks before :meth:`run`, so a case refused here starts no process and loads nothing."""
+        return None
+
     def run(self, run: ConformanceRun, case_id: str, case: Any, values: Any = None) -> CaseResult:
         """The judged result of one case (expectations not applied yet)."""
         raise NotImplementedError
 
-    def broken(self, case_id: str, case: Any, kind: FailureKind, message: str, seconds: float = 0.0) -> CaseResult:
-        """The result of a case that did not return (its worker died or hung): outcome *broken*."""
-        return self.result_type(case_id, case, Outcome.BROKEN, message, features=self.features(case), seconds=seconds, kinds=(kind,))
+    def broken(self, case_id: str, case: Any, kind: FailureKind, message: str, seconds: float = 0.0,
+               traceback: str | None = None) -> CaseResult:
+        """The result of a case that did not return (its worker died or hung, or could not load the target):
+        outcome *broken*. ``traceback``: what the target raised, formatted in its process, where it raised
+        (loading it); a crash or a hang raised nothing and has none."""
+        return self.result_type(case_id, case, Outcome.BROKEN, message, features=self.features(case), seconds=seconds, kinds=(kind,),
+                                traceback=traceback)
 
     def features(self, case: Any) -> frozenset[str]:
         return case.features()

@@ -1,7 +1,9 @@
 """Tensor-parallel layer cases (design level 3): vLLM's sharded LoRA layers, one process per rank.
 
 The target runs in a pool of rank processes (``conformance.tp``); the gathered output is judged here,
-in the referee's process, against the float64 reference of the whole layer.
+in the referee's process, against the float64 reference of the whole layer. Whether the target runs a
+case at all is decided here from its facts (the wrapper methods the layer calls on every rank, its
+dtypes, a ``torch.distributed`` backend for its device), before any rank starts.
 """
 
 from __future__ import annotations
@@ -13,24 +15,30 @@ from conformance.record import CaseResult
 from conformance.tp.case import TPCase
 from conformance.tp.cases import tp_cases
 from conformance.tp.moe_case import MoETPCase
-from conformance.tp.run import TPResult
+from conformance.tp.run import TPResult, unsupported_reason
 
 from .base import CaseKind
 
 if TYPE_CHECKING:
     from conformance.session import ConformanceRun
+    from conformance.targets.facts import TargetFacts
 
 
 class LayerKind(CaseKind):
     name = "layer"
     markers = {"tp": "a tensor-parallel LoRA layer case (design level 3, the layer; conformance.tp)"}
     result_type = TPResult
+    uses_worker = False  # its own rank processes (conformance.tp.pool), not the op worker
 
     def owns(self, case) -> bool:
         return isinstance(case, (TPCase, MoETPCase))
 
     def cases(self, profile: str, seed: int) -> list[tuple[str, TPCase | MoETPCase]]:
         return [(case.case_id, case) for case in tp_cases(profile, seed)]
+
+    def unsupported_reason(self, facts: TargetFacts, case: TPCase | MoETPCase) -> str | None:
+        """``conformance.tp.run.unsupported_reason``: the executor asks it again, as a second line, before a pool starts."""
+        return unsupported_reason(facts, case)
 
     def run(self, run: ConformanceRun, case_id: str, case: TPCase | MoETPCase, values=None) -> CaseResult:
         try:

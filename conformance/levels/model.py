@@ -2,7 +2,9 @@
 
 The referee (``conformance.e2e``'s float64 reference decoder and comparisons) lives here, in the
 referee's process: it computes the reference continuations, the target's worker produces the target's
-generations for them (``produce_e2e``), and the referee judges what came back.
+generations for them (``produce_e2e``), and the referee judges what came back. Whether the target runs a
+case at all is decided here from its facts (its dtypes, its generation engine, the wrapper methods the
+decoder calls for the case's model), before the worker starts or a fixture model loads.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from conformance.e2e.cases import E2ECase, e2e_cases
 from conformance.e2e.run import E2EResult
+from conformance.e2e.target_runner import e2e_unsupported_reason
 from conformance.errors import RunError
 from conformance.isolation import Breakdown, TargetLoadError
 from conformance.record import CaseResult
@@ -21,6 +24,7 @@ from .op import breakdown_message
 
 if TYPE_CHECKING:
     from conformance.session import ConformanceRun
+    from conformance.targets.facts import TargetFacts
 
 FIXTURE_ERRORS = (FileNotFoundError, ValueError, ImportError)  # the fixtures, not the target: a usage error
 
@@ -36,6 +40,10 @@ class ModelKind(CaseKind):
     def cases(self, profile: str, seed: int) -> list[tuple[str, E2ECase]]:
         return [(case.case_id, case) for case in e2e_cases(profile)]
 
+    def unsupported_reason(self, facts: TargetFacts, case: E2ECase) -> str | None:
+        """``e2e_unsupported_reason`` from the facts: the worker asks it again, of the loaded target, and agrees."""
+        return e2e_unsupported_reason(case, facts.name, facts.generation_engine, facts.claims(case.dtype), facts.methods)
+
     def run(self, run: ConformanceRun, case_id: str, case: E2ECase, values=None) -> CaseResult:
         try:
             referee = run.e2e_referee
@@ -46,7 +54,8 @@ class ModelKind(CaseKind):
         try:
             production = run.executor.produce_e2e(case, continuations, run.repeat)
         except (Breakdown, TargetLoadError) as exc:
-            return self.broken(case_id, case, exc.kind, breakdown_message(exc), time.perf_counter() - started)
+            return self.broken(case_id, case, exc.kind, breakdown_message(exc), time.perf_counter() - started,
+                               traceback=getattr(exc, "traceback", None))  # a TargetLoadError's; a Breakdown has none
         except FIXTURE_ERRORS as exc:
             raise RunError(str(exc)) from None
         return referee.judge(case, production)

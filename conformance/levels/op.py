@@ -5,6 +5,10 @@ target's worker calls the op (``conformance.target_call``) and hands back everyt
 verdict is reached here (``conformance.referee``). A failure the target reported is attempted a second
 time (flaky or consistent). A failing case leaves a replay file, whose command is its repro, and with
 ``--shrink`` the smallest case failing the same way.
+
+A wrapper op the target does not implement is "not supported" from its facts, before any value is drawn
+or the worker starts (:meth:`OpKind.unsupported_reason`); everything else the worker's
+``call_target`` decides on the loaded target (its ``implemented_ops()``, then its ``unsupported_reason``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from .base import CaseKind
 
 if TYPE_CHECKING:
     from conformance.session import ConformanceRun
+    from conformance.targets.facts import TargetFacts
 
 
 def breakdown_message(exc: Exception) -> str:
@@ -52,6 +57,18 @@ class OpKind(CaseKind):
     def features(self, case: Case) -> frozenset[str]:
         return case_features(case)
 
+    def unsupported_reason(self, facts: TargetFacts, case: Case) -> str | None:
+        """A wrapper op the target does not implement, in the words its worker would use (``not_implemented_reason``).
+
+        Kernel ops and every other refusal stay with the worker: a target may bind its kernels when it
+        is made (the cpu target's torch ops), which its class's facts cannot see, while wrapper methods
+        live on the class; and a dtype or case refusal is the target's own ``unsupported_reason``, in its
+        own words (the cuda target's fp8 ops take float32 outputs though it claims no float32).
+        """
+        if OP_SPECS[case.op].level is Level.WRAPPER and not facts.defines(case.op):
+            return facts.why_not_implemented.get(case.op, f"{facts.name} does not implement {case.op}")
+        return None
+
     def run(self, run: ConformanceRun, case_id: str, case: Case, values=None, *, runs: int | None = None,
             second_attempt: bool = True) -> CaseResult:
         """The values drawn here, the target called in its worker, the verdict reached here; a failure the
@@ -64,7 +81,8 @@ class OpKind(CaseKind):
                              require_deterministic=run.require_deterministic, second_attempt=second_attempt,
                              breakdowns=(Breakdown, TargetLoadError))
         except (Breakdown, TargetLoadError) as exc:  # the first attempt: the case did not return
-            return self.broken(case_id, case, exc.kind, breakdown_message(exc), time.perf_counter() - started)
+            return self.broken(case_id, case, exc.kind, breakdown_message(exc), time.perf_counter() - started,
+                               traceback=getattr(exc, "traceback", None))  # a TargetLoadError's; a Breakdown has none
 
     def after_failure(self, run: ConformanceRun, result: CaseResult, values=None) -> dict | None:
         """A replay file of the case (the repro replays it) and, with ``--shrink``, the shrunk case's."""

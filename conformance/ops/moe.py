@@ -225,9 +225,11 @@ def check_alignment(case: Case, after: Tensors, values: Tensors) -> list[tuple[i
 
 
 MOE_KNOBS = frozenset({"routing", "hidden", "widths", "offset", "wide", "add_inputs"})
-# lora: vLLM's GPU wrapper aligns each slot's pairs into blocks, then walks them; classic: one expert per pair
-# (the naive block assignment), as bgmv takes one index per row (vLLM's CPU wrapper has no MoE LoRA).
-MOE_COMPOSITIONS = {"lora": ("moe_lora_align_block_size", "fused_moe_lora"), "classic": ("fused_moe_lora",)}
+# lora: vLLM's GPU wrapper aligns each slot's pairs into blocks, then walks them; every other composition gives
+# one expert per pair (the naive block assignment), as bgmv takes one index per row (vLLM's CPU wrapper has no
+# MoE LoRA, and no dense kernel family can stand in for fused_moe_lora).
+_NAIVE_MOE = ("fused_moe_lora",)
+MOE_COMPOSITIONS = {"lora": ("moe_lora_align_block_size", "fused_moe_lora"), "classic": _NAIVE_MOE, "bgmv": _NAIVE_MOE, "sgmv": _NAIVE_MOE}
 
 FP8_MOE_SPEC = OpSpec(
     "fused_moe_lora_fp8", Level.KERNEL,

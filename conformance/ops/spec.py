@@ -45,11 +45,17 @@ ROW_KINDS = {
     "pairs": "(token, choice) pair (T·top_k rows, row t·top_k + k: the fused-MoE ops)",
 }
 
-# The ways conformance.targets.kernel_target.KernelTarget composes a wrapper op from kernel ops, both vLLM's.
+# The ways conformance.targets.kernel_target.KernelTarget composes a wrapper op from kernel ops: vLLM's two
+# wrappers, then one per classic kernel family for a backend that has only that family. The order is the
+# order KernelTarget tries them in by default (its ``wrapper_paths``) and the order of the docs' columns.
 COMPOSITIONS = {
     "lora": "vLLM's PunicaWrapperGPU: lora_shrink / lora_expand over token-sorted metadata; the MoE pairs aligned into blocks",
     "classic": "vLLM's PunicaWrapperCPU: sgmv for a prefill batch, bgmv for a decode batch and the sampled rows; "
     "the MoE pairs by naive block assignment",
+    "bgmv": "the bgmv ops alone: one slot per row for every batch, prefill or decode, and for the sampled rows; "
+    "the MoE pairs by naive block assignment",
+    "sgmv": "the sgmv ops alone: runs of equal slots for every batch, prefill or decode (a decode batch is runs of "
+    "one or more rows), and for the sampled rows; the MoE pairs by naive block assignment",
 }
 
 

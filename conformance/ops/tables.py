@@ -50,17 +50,21 @@ def legend_table() -> str:
 
 def _composed(spec: OpSpec, path: str) -> str:
     if spec.composed_of:
-        return _names(spec.composed_of, " then ") + " (each by its own composition)"
+        return "via " + _names(spec.composed_of, " then ")
     if path in spec.compositions:
         return _names(spec.compositions[path], " and ")
     return "none: a target defines it itself"
 
 
 def composition_table() -> str:
-    """Per wrapper op, the kernel ops ``KernelTarget`` composes it from in each composition."""
+    """Per wrapper op, the kernel ops ``KernelTarget`` composes it from in each composition (in the order
+    ``KernelTarget.wrapper_paths`` tries them by default), then what each composition is."""
     header = ("wrapper op", *(f"{path} composition" for path in COMPOSITIONS))
     wrappers = [(name, spec) for name, spec in OP_SPECS.items() if spec.level == Level.WRAPPER]
-    return markdown_table(header, ((f"`{name}`", *(_composed(spec, path) for path in COMPOSITIONS)) for name, spec in wrappers))
+    kernels = markdown_table(header, ((f"`{name}`", *(_composed(spec, path) for path in COMPOSITIONS)) for name, spec in wrappers))
+    compositions = markdown_table(("composition", "what it is"), ((f"`{path}`", what) for path, what in COMPOSITIONS.items()))
+    via = "“via” names the wrapper ops an op is made of; each part takes the first composition whose kernels the target defines.\n"
+    return f"{kernels}\n{via}\n{compositions}"
 
 
 def knob_table() -> str:

@@ -198,14 +198,16 @@ WRAPPER_OP_SPECS = (
     _wrapper(
         "add_shrink", "y[s] += scale · x @ A_s[slot]ᵀ for every slice", {"hidden", "scale", "slices"}, shrink_values, _add_shrink,
         shrink_written, max_slices=MAX_SLICES, output_kind="buffer",
-        compositions={"lora": ("lora_shrink",), "classic": ("sgmv_shrink", "bgmv_shrink")},
+        compositions={"lora": ("lora_shrink",), "classic": ("sgmv_shrink", "bgmv_shrink"), "bgmv": ("bgmv_shrink",),
+                      "sgmv": ("sgmv_shrink",)},
     ),
     _wrapper(
         "add_expand",
         "y[:, offset_start + Σ N_j ...] (+)= x[s] @ B_s[slot]ᵀ (+ bias) for every slice",
         {"slices", "widths", "offset", "wide", "add_inputs", "expand_input", "bias"},
         expand_with_bias_values, _add_expand, expand_written, max_slices=MAX_SLICES,
-        compositions={"lora": ("lora_expand",), "classic": ("sgmv_expand_slice", "bgmv_expand_slice")},
+        compositions={"lora": ("lora_expand",), "classic": ("sgmv_expand_slice", "bgmv_expand_slice"),
+                      "bgmv": ("bgmv_expand_slice",), "sgmv": ("sgmv_expand_slice",)},
     ),
     _wrapper(
         "add_lora_linear",
@@ -216,19 +218,22 @@ WRAPPER_OP_SPECS = (
     ),
     _wrapper(
         "add_lora_embedding", "y (+)= x @ B[slot]ᵀ for looked-up LoRA-A rows", {"widths", "add_inputs"}, embedding_values,
-        _add_lora_embedding, all_columns_written, compositions={"lora": ("lora_expand",), "classic": ("sgmv_expand", "bgmv_expand")},
+        _add_lora_embedding, all_columns_written,
+        compositions={"lora": ("lora_expand",), "classic": ("sgmv_expand", "bgmv_expand"), "bgmv": ("bgmv_expand",),
+                      "sgmv": ("sgmv_expand",)},
     ),
     _wrapper(
         "add_lora_logits", "logits += scale · (h @ A[slot]ᵀ) @ B[slot]ᵀ per sampled row", {"hidden", "widths", "scale"}, logits_values,
         _add_lora_logits, logits_written, rows="sampled",
-        compositions={"lora": ("lora_shrink", "lora_expand"), "classic": ("bgmv_shrink", "bgmv_expand")},
+        compositions={"lora": ("lora_shrink", "lora_expand"), "classic": ("bgmv_shrink", "bgmv_expand"),
+                      "bgmv": ("bgmv_shrink", "bgmv_expand"), "sgmv": ("sgmv_shrink", "sgmv_expand")},
     ),
     _wrapper(
         "apply_lora_full_linear", "y[p] = x[p] @ W[slot]ᵀ + bias[slot] per sampled row of an enabled module (replaced)",
         {"hidden", "widths", "bias", "module_enabled"}, full_linear_values, _apply_lora_full_linear, full_linear_written,
         rows="sampled", output_kind="replace",
         # the whole per-slot weight shrunk at scale 1 into a float32 buffer, the bias added, the rows replaced
-        compositions={"lora": ("lora_shrink",), "classic": ("bgmv_shrink",)},
+        compositions={"lora": ("lora_shrink",), "classic": ("bgmv_shrink",), "bgmv": ("bgmv_shrink",), "sgmv": ("sgmv_shrink",)},
     ),
     # Not through _wrapper: the layer always passes a 4-D stack and runs prefill (pooling) batches only, so
     # neither "w4d" nor "prefill" is a knob of this call; its corners are its own families.

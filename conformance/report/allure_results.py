@@ -21,6 +21,9 @@ report rather than a list of test names:
   puts one category per cluster before ``CATEGORIES``, so Allure's Categories tab lists the distinct
   problems: "Problem 1/1: rows without adapter receive a delta (wrote outside its region; 733 cases in
   15 ops)";
+* what the target raised: a broken case's ``statusDetails.trace`` becomes the record's ``traceback``
+  (:func:`label_clusters`, once every result is in), the target's whole Python traceback as its
+  process formatted it, instead of the frame where the plugin reported the case;
 * safe text (:func:`install_safe_text_results`, installed when this module is imported): allure-pytest
   writes each result as UTF-8 JSON as its case ends, and a lone surrogate in a target's message (what a
   driver's bytes decoded with ``surrogateescape`` give) once made that writer raise and lose every later
@@ -36,7 +39,7 @@ from pathlib import Path
 
 from conformance.journal import case_id_of
 from conformance.report.clusters import cluster_of, document_clusters, label_message
-from conformance.text import MESSAGE_LIMIT, safe_text, without_surrogates
+from conformance.text import MESSAGE_LIMIT, TRACEBACK_LIMIT, safe_text, without_surrogates
 from conformance.verdict import Outcome
 from conformance.verdict.failure_kind import FailureKind
 
@@ -135,8 +138,9 @@ def cluster_categories(document: dict) -> list[dict]:
 
 
 def label_clusters(results_dir, document: dict) -> int:
-    """Name each failure's cluster in the Allure results under ``results_dir`` and put the clusters'
-    categories into its categories.json; return how many results were labelled."""
+    """Name each failure's cluster in the Allure results under ``results_dir``, put what the target raised
+    (the record's ``traceback``) into the ``statusDetails.trace`` of each case whose target raised, and put
+    the clusters' categories into its categories.json; return how many results were labelled."""
     results_dir = Path(results_dir)
     clusters = document_clusters(document)
     by_case = cluster_of(document)
@@ -152,13 +156,19 @@ def label_clusters(results_dir, document: dict) -> int:
         case_id = case_id_of(str(result.get("name", "")))
         cluster = by_case.get(case_id)
         details = result.get("statusDetails") or {}
-        if cluster is None or not details or case_id not in records:
+        record = records.get(case_id)
+        if not details or record is None or (cluster is None and not record.get("traceback")):
             continue
-        for field in ("message", "trace"):
-            if details.get(field):
-                details[field] = label_message(details[field], records[case_id], cluster, len(clusters))
+        if record.get("traceback"):
+            # allure-pytest's trace is where the plugin raised TargetBroken, a frame of the suite's reporting
+            # that tells a vendor nothing; what the target raised is, formatted in the target's process
+            details["trace"] = safe_text(record["traceback"], TRACEBACK_LIMIT)
+        if cluster is not None:
+            for field in ("message", "trace"):
+                if details.get(field):
+                    details[field] = label_message(details[field], record, cluster, len(clusters))
+            labelled += 1
         path.write_text(json.dumps(without_surrogates(result)), encoding="utf-8")
-        labelled += 1
     # the kinds' categories stay, after the clusters': they take what no cluster names (a known failure, …)
     (results_dir / "categories.json").write_text(json.dumps(cluster_categories(document) + CATEGORIES, indent=1) + "\n")
     return labelled

@@ -20,7 +20,18 @@ messages. A cluster gathers failures (outcomes the gate rejects: fail, broken, u
   part of the signature: a wrapper computes through the same Punica computation as its kernels (vLLM's
   wrappers call them), so a kernel bug fails the wrapper ops too, and splitting by level would count
   one bug twice. Each cluster lists its ops by level, so whether kernels, wrappers or both fail is
-  still read off it.
+  still read off it;
+* **the knob values it depends on** (``conformance.report.cluster_knobs``, whose docstring has the
+  rule): a knob value is part of it when, among the cases of its ops that vary the knob, its failures
+  are confined to that value beyond chance while passing cases show others ("only with
+  add_inputs=False", "only with dtype bfloat16 or float16"); a knob the failures do not depend on
+  stays out, so one cause over many knob values is one cluster. So the clustering reads the passing
+  results too. After the failures are grouped by the parts above (and the consistent-with rule below),
+  a group that several knob values cover, each with failures of its own, splits into one cluster each
+  (two bugs that both write outside the slice, one only with ``offset_start > 0``, one only with
+  ``add_inputs=False``); a group whose failures have the knob values another, larger group depends on
+  (a knob besides the dtype), or that depends on the same ones, joins it whatever its kind and rows
+  (one bug that writes outside the slice in some cases and nothing in others). The title names them.
 
 One case cannot always tell two descriptions apart, so a failure has its own signature (the most
 precise thing it shows) and the other signatures it is **consistent with**, and it joins whichever of
@@ -36,13 +47,16 @@ them the most failures show as their own:
   without adapter ↔ rows without adapter, requests with an adapter ↔ adapter rows), counted under
   ``end_to_end``; one that no op cluster explains is a cluster of its own.
 
-Which signature wins depends only on how many failures show each one, not on the order of the
-results, and every cluster is some failure's own signature. Each cluster lists the signatures its
-members showed (``hits``), so a merged description stays visible. Clusters are numbered by size,
-largest first (ties by signature). Each has its count, kinds, ops, levels and dtypes, and its
-**smallest case**: the one with the fewest tokens × widest of hidden size and output width (then
-tokens, rank, slots), op cases before end-to-end ones, and a shrunk case (``--shrink``, the result's
-``shrunk``) where one is smaller, with its repro.
+Which signature wins depends only on how many failures show each one, and the knob values only on the
+cases' values and outcomes, not on the order of the results. Every cluster's kind, rows and family are
+some failure's own signature (a group split off by knob values takes the one most of its failures
+show; a joined group, the larger group's), and every member has its cluster's knob values. Each
+cluster lists the signatures its members showed (``hits``), so a merged description stays visible.
+Clusters are numbered by size, largest first (ties by signature). Each has its count, kinds, ops,
+levels and dtypes, the knob values it depends on (``only_with`` in words, ``conditions`` knob →
+values), and its **smallest case**: the one with the fewest tokens × widest of hidden size and output
+width (then tokens, rank, slots), op cases before end-to-end ones, and a shrunk case (``--shrink``,
+the result's ``shrunk``) where one is smaller, with its repro.
 """
 
 from __future__ import annotations
@@ -52,6 +66,8 @@ from collections import Counter
 from conformance.ops.level import LEVEL_ORDER
 from conformance.verdict import FailureKind, Outcome
 from conformance.verdict.failure_kind import SEVERITY_ORDER
+
+from .cluster_knobs import KnobValues, condition_text
 
 DENSE, MOE = "dense LoRA", "MoE LoRA"
 UNEXPECTED_PASS = Outcome.UNEXPECTED_PASS.value
@@ -251,29 +267,48 @@ def consistent_signatures(record: dict) -> list[tuple[str, str, str]]:
 
 
 def cluster_failures(results: list[dict]) -> tuple[list[dict], dict[str, int]]:
-    """``(clusters, cluster id by case id)`` over the failures in ``results``."""
+    """``(clusters, cluster id by case id)`` over the failures in ``results`` (the passing ones tell which knob
+    values the failures depend on: ``conformance.report.cluster_knobs``)."""
     failing = sorted((r for r in results if is_clustered(r)), key=lambda r: r["id"])
     own = {r["id"]: signature(r) for r in failing}
-    shown = Counter(own[r["id"]] for r in failing if r.get("level") != "model")  # how many op failures show each
+    op_failures = [r for r in failing if r.get("level") != "model"]
+    shown = Counter(own[r["id"]] for r in op_failures)  # how many op failures show each
 
-    def chosen(record: dict) -> tuple[tuple, bool]:
-        """The signature a failure joins, and whether it is an end-to-end failure an op cluster explains."""
-        key = own[record["id"]]
-        if record.get("level") == "model":
-            rows = row_class(key[1])
-            explaining = [k for k in shown if rows is not None and k[2] == key[2] and row_class(k[1]) == rows]
-            if explaining:
-                return min(explaining, key=lambda k: (-shown[k], k)), True
-            return key, False
-        options = [key, *consistent_signatures(record)]
-        return min(options, key=lambda k: (-shown.get(k, 0), _specificity(k[1]), k)), False
+    def chosen(record: dict) -> tuple:
+        """The signature an op failure joins."""
+        options = [own[record["id"]], *consistent_signatures(record)]
+        return min(options, key=lambda k: (-shown.get(k, 0), _specificity(k[1]), k))
 
-    groups: dict[tuple, list[dict]] = {}
+    by_signature: dict[tuple, list[dict]] = {}
+    for record in op_failures:
+        by_signature.setdefault(chosen(record), []).append(record)
+    knobs = KnobValues(results, {r["id"] for r in failing})
+    # what the groups that depend on a knob value show, each family's, a group of several causes may split by
+    established: dict[str, set] = {}
+    for key, members in by_signature.items():
+        established.setdefault(key[2], set()).update(c for c in knobs.conditions(members) if c[0] != "dtype")
+    causes = [
+        (_shown_signature(key, part, own, shown), part, conditions)
+        for key in sorted(by_signature)
+        for part, conditions in knobs.split(by_signature[key], frozenset(established.get(key[2], ())))
+    ]  # fmt: skip
+    groups = _join_ways_of_one_cause(causes, knobs)
+
+    # an end-to-end failure joins the largest op cluster of its family whose rows are its requests' kind
     explained: Counter = Counter()
+    op_groups = {key: len(members) for key, members in groups.items()}
     for record in failing:
-        key, is_explained = chosen(record)
+        if record.get("level") != "model":
+            continue
+        key = own[record["id"]]
+        rows = row_class(key[1])
+        explaining = [k for k in op_groups if rows is not None and k[2] == key[2] and row_class(k[1]) == rows]
+        if explaining:
+            key = min(explaining, key=lambda k: (-op_groups[k], k))
+            explained[key] += 1
+        else:
+            key = (*key, ())
         groups.setdefault(key, []).append(record)
-        explained[key] += is_explained
     ordered = sorted(groups, key=lambda key: (-len(groups[key]), key))
     clusters, membership = [], {}
     for number, key in enumerate(ordered, 1):
@@ -284,8 +319,45 @@ def cluster_failures(results: list[dict]) -> tuple[list[dict], dict[str, int]]:
     return clusters, membership
 
 
-def _describe(number: int, key: tuple[str, str, str], members: list[dict], end_to_end: int, hits: Counter) -> dict:
-    kind, hit, op_family = key
+def _shown_signature(key: tuple, part: list[dict], own: dict, shown: Counter) -> tuple:
+    """``key`` where a failure of ``part`` shows it as its own, else the own signature most of its failures
+    show (a part split off by knob values may lack the one its group joined)."""
+    owned = {own[m["id"]] for m in part}
+    if key in owned:
+        return key
+    return min(owned, key=lambda k: (-sum(own[m["id"]] == k for m in part), -shown[k], k))
+
+
+def _join_ways_of_one_cause(causes: list[tuple[tuple, list[dict], tuple]], knobs: KnobValues) -> dict[tuple, list[dict]]:
+    """Op failures by ``(kind, where, family, conditions)``: a group joins the largest group of its family
+    before it (larger, ties by signature) that ``KnobValues.explains`` is its cause: one whose knob values (a
+    knob besides the dtype) every failure of it has, or that depends on its knob values too."""
+    order = sorted(range(len(causes)), key=lambda i: (-len(causes[i][1]), causes[i][0], causes[i][2]))
+    target = {}
+    for position, i in enumerate(order):
+        key, members, conditions = causes[i]
+        larger = [j for j in order[:position] if causes[j][0][2] == key[2] and knobs.explains(causes[j][2], members, conditions)]
+        target[i] = larger[0] if larger else i  # the first in order is the largest
+
+    def root(i: int) -> int:
+        while target[i] != i:
+            i = target[i]
+        return i
+
+    joined: dict[int, list[dict]] = {}
+    for i in order:
+        joined.setdefault(root(i), []).extend(causes[i][1])
+    groups: dict[tuple, list[dict]] = {}
+    for i, members in joined.items():
+        key, own_members, conditions = causes[i]
+        if len(members) > len(own_members):  # the knob values every failure joined has
+            conditions = knobs.conditions(members)
+        groups.setdefault((*key, conditions), []).extend(members)  # two parts that came to one description: one
+    return {key: sorted(members, key=lambda r: r["id"]) for key, members in groups.items()}
+
+
+def _describe(number: int, key: tuple, members: list[dict], end_to_end: int, hits: Counter) -> dict:
+    kind, hit, op_family, conditions = key
     levels = Counter(m.get("level") or "other" for m in members)
     level_rank = {level: i for i, level in enumerate(LEVEL_ORDER)}
     ops = Counter(m["op"] for m in members)
@@ -293,10 +365,12 @@ def _describe(number: int, key: tuple[str, str, str], members: list[dict], end_t
     kinds = {k for m in members for k in m.get("kinds") or ()}
     return {
         "id": number,
-        "title": title(kind, hit),
+        "title": title(kind, hit) + (f" (only with {'; '.join(map(condition_text, conditions))})" if conditions else ""),
         "kind": kind,
         "where": hit,
         "family": op_family,
+        "only_with": [condition_text(c) for c in conditions],  # the knob values its failures depend on
+        "conditions": {knob: list(values) for knob, values in conditions},
         "count": len(members),
         "hits": {hit: hits[hit] for hit in sorted(hits, key=lambda h: (-hits[h], h))},  # what its members showed themselves
         "end_to_end": end_to_end,  # end-to-end failures this op cluster explains

@@ -3,18 +3,22 @@
 The file has inline CSS and an inline SVG plot, no script and loads nothing: it reads the same offline,
 attached to a CI job or mailed to a release manager. Sections, top to bottom: the verdict with the gate
 rule, its reasons and how many distinct problems the failures are, the run (target, profile, seed, suite
-version), the problems (one per failure cluster, ``conformance.report.clusters``: what it hits, its
-ops and dtypes, its smallest case with a repro), the op × dtype matrix grouped by level, the coverage
+version), the problems (one per failure cluster, ``conformance.report.clusters``: what it hits, the knob
+values it depends on, its ops and dtypes, its smallest case with a repro), the op × dtype matrix grouped by level, the coverage
 (what the cases exercised per op, ``conformance.report.coverage``), the failures grouped by problem
 with their repro commands, the known failures, the budget ratios per op, and the environment
 fingerprint.
 
 Elements a test (or a scraper) can query: ``id="verdict"``, ``id="problems"`` (the line "N distinct
 problems", in the verdict), ``id="clusters"`` (one ``class="cluster"`` ``id="cluster-N"`` per problem,
-its smallest case's repro with ``class="repro smallest"``), ``id="matrix"``, ``id="coverage"`` (one row
+its smallest case's repro with ``class="repro smallest"``, the knob values its failures depend on with
+``class="only-with"``), ``id="matrix"``, ``id="coverage"`` (one row
 per op, ``data-op``; cells ``data-feature`` / ``data-dtype``), ``id="missing"`` (the expected cases
 without a result, and how to run them), ``id="failures"`` (a ``<details>`` per problem, each failure's
-row with ``data-cluster`` and its kinds, ``class="kind"``), ``id="known-failures"``,
+row with ``data-cluster`` and its kinds, ``class="kind"``, and where the target raised its traceback,
+folded in ``<details class="traceback">``), ``id="known-failures"``,
+``id="bit-differences"`` (cases whose untouched output or inputs came back with equal values and other
+bits: a zero whose sign flipped, a NaN payload; recorded, not failed),
 ``id="not-applicable"`` (expectations entries whose package versions are not installed here), ``id="budget-ratios"``, ``id="environment"`` (the fingerprint: suite commit,
 versions, device, driver, numerics environment variables; one column per input of a merge whose
 machines differ, ``class="differs"`` on the rows that do), ``id="workers"`` (device per worker), and
@@ -33,8 +37,9 @@ from conformance.cases.features import FEATURE_DOCS
 from conformance.ops.level import LEVEL_ORDER
 from conformance.report.clusters import cluster_of, document_clusters
 from conformance.report.coverage import HEADLINE, document_coverage
-from conformance.text import safe_text
+from conformance.text import TRACEBACK_LIMIT, safe_text
 from conformance.verdict import Outcome
+from conformance.verdict.bit_differences import BitDifferences
 
 # Outcome → (css class, background colour). Order is the order of the legend and of a cell's badges.
 OUTCOME_STYLE = {
@@ -71,6 +76,8 @@ tr.level th{background:#e3e8f0;font-size:1.02em}
  white-space:nowrap}
 pre.repro{background:#263238;color:#eceff1;padding:.4em .6em;border-radius:4px;white-space:pre-wrap;
  word-break:break-all;margin:.2em 0;font-size:.88em;user-select:all}
+pre.traceback{background:#fafafa;border:1px solid #ddd;padding:.4em .6em;white-space:pre;overflow:auto;
+ max-height:40em;margin:.2em 0;font-size:.82em}
 .muted{color:#757575}.num{text-align:right;font-variant-numeric:tabular-nums}
 dl.run{display:grid;grid-template-columns:max-content auto;gap:.15em 1em}dl.run dt{font-weight:600}
 dl.run dd{margin:0}
@@ -106,6 +113,7 @@ def render_html_report(document: dict) -> str:
         _missing(document),
         _failures(results, clusters, cluster_of(document)),
         _determinism(document, results),
+        _bit_differences(results),
         _known_failures(gate, results),
         _not_applicable(document),
         _budget_plot(results),
@@ -179,6 +187,9 @@ def _clusters(clusters: list[dict], op_levels: dict[str, str]) -> str:
         also = f" (its cases also show: {', '.join(others)})" if others else ""
         hits = cluster.get("hits") or {}
         shown = f"<li>each case on its own: {_counts(hits)}</li>" if len(hits) > 1 else ""
+        only_with = cluster.get("only_with") or ()  # the knob values its failures depend on (clusters.py)
+        shown += (f'<li>fails only with: <span class="only-with">{escaped("; ".join(only_with))}</span> '
+                  "(its ops' passing cases show other values)</li>") if only_with else ""
         repro = f'<pre class="repro smallest">{escaped(smallest.get("repro"))}</pre>' if smallest.get("repro") else ""
         blocks.append(
             f'<section class="cluster" id="cluster-{cluster["id"]}">'
@@ -194,7 +205,8 @@ def _clusters(clusters: list[dict], op_levels: dict[str, str]) -> str:
     total = sum(cluster["count"] for cluster in clusters)
     return (
         f'<section id="clusters"><h2>Problems: {len(clusters)} distinct, {_plural(total, "failing case")}</h2>'
-        '<p class="muted">failures grouped by kind, the rows they hit and the op family (dense LoRA or MoE); '
+        '<p class="muted">failures grouped by kind, the rows they hit, the op family (dense LoRA or MoE) and the '
+        "knob values they depend on; "
         "each problem's smallest case is the one to debug first</p>" + "".join(blocks) + "</section>"
     )
 
@@ -354,6 +366,9 @@ def _failure_row(result: dict, cluster: int | None) -> str:
     m = result.get("measurement") or {}
     repro = result.get("repro")
     detail = f"<div>{escaped(safe_text(result.get('message') or ''))}</div>"  # cut to MESSAGE_LIMIT: a message can be 10 MB
+    if result.get("traceback"):  # what the target raised, formatted in its process: folded, it is long
+        detail += ('<details class="traceback"><summary>traceback</summary>'
+                   f'<pre class="traceback">{escaped(safe_text(result["traceback"], TRACEBACK_LIMIT))}</pre></details>')
     if repro:
         detail += f'<pre class="repro">{escaped(repro)}</pre>'
     if result.get("replay"):
@@ -392,6 +407,32 @@ def _determinism(document: dict, results: list[dict]) -> str:
         "<table><tr><th>case</th><th>stability</th><th>outcome</th><th>calls</th><th>differing elements</th>"
         f"<th>largest difference</th></tr>{''.join(rows)}</table></section>"
     )
+
+
+def _bit_differences(results: list[dict]) -> str:
+    """Cases where what had to stay as it was kept its values and changed bits (docs/verdict.md): said, not failed."""
+    rows = []
+    for result in sorted(results, key=lambda r: r["id"]):
+        for record in (result.get("measurement") or {}).get("bit_differences") or []:
+            entry = BitDifferences.from_json(record)
+            rows.append(
+                f'<tr><td><code>{escaped(result["id"])}</code></td><td>{badge(result["outcome"], result["outcome"])}</td>'
+                f"<td>{escaped(entry.note())}</td><td>rows {escaped(_indices(entry.rows))}; columns {escaped(_indices(entry.columns))}</td></tr>"
+            )
+    if not rows:
+        return ""
+    return (
+        f'<section><h2>Bit-level differences ({len(rows)})</h2><div id="bit-differences">'
+        "<p>Elements that had to stay as they were (the output outside its written region, the inputs) came back with "
+        "equal values and other bits: a zero whose sign flipped, a NaN with another payload. A LoRA delta is added into "
+        "the base layer's output, where +0 and −0 add to the same value; no wrong number, so no failure.</p>"
+        f"<table><tr><th>case</th><th>outcome</th><th>what</th><th>where</th></tr>{''.join(rows)}</table></div></section>"
+    )
+
+
+def _indices(values, limit: int = 8) -> str:
+    shown = ", ".join(map(str, values[:limit]))
+    return shown + (", …" if len(values) > limit else "")
 
 
 def _missing(document: dict) -> str:

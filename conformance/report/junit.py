@@ -10,7 +10,8 @@ One ``<testsuite>`` with the environment fingerprint as its properties; one ``<t
 test list and the repro agree), its time, and by outcome: ``<failure>`` (fail, unexpected pass),
 ``<error>`` (broken, no result), ``<skipped>`` (not supported, known failure). A failure's message leads
 with its outcome, kinds and stability (``fail [numerics] (flaky): …``) and names its cluster
-(``conformance.report.clusters``), as the pytest message does; the text adds the repro.
+(``conformance.report.clusters``), as the pytest message does; the text adds the repro and, for a case
+whose target raised, its whole traceback (the record's ``traceback``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from conformance.journal import TEST_FUNCTION
-from conformance.text import safe_text
+from conformance.text import TRACEBACK_LIMIT, safe_text
 
 from .clusters import cluster_label, cluster_of, document_clusters, message_lead
 
@@ -39,6 +40,13 @@ def _message(record: dict, clusters: list[dict], by_case: dict[str, dict]) -> st
     if record["outcome"] == "not supported":
         return f"not supported: {record.get('message', '')}"
     return f"{lead}: {record.get('message', '')}"
+
+
+def _traceback(record: dict) -> str:
+    """What the target raised, as its process formatted it, after the message and the repro ("" where it
+    raised nothing): CI shows the element's text, not only its message attribute."""
+    traceback = record.get("traceback")
+    return f"\n\nwhat the target raised:\n{safe_text(traceback, TRACEBACK_LIMIT)}" if traceback else ""
 
 
 def junit_tree(document: dict) -> ET.ElementTree:
@@ -66,7 +74,7 @@ def junit_tree(document: dict) -> ET.ElementTree:
         element = ET.SubElement(case, tag, message=message.splitlines()[0] if message else "")
         if outcome in SKIPPED:
             element.set("type", "pytest.xfail" if outcome == "known failure" else "pytest.skip")
-        element.text = message + (f"\nrepro: {safe_text(record['repro'])}" if record.get("repro") else "")
+        element.text = message + (f"\nrepro: {safe_text(record['repro'])}" if record.get("repro") else "") + _traceback(record)
     for case_id in missing:
         case = ET.SubElement(suite, "testcase", classname="conformance", name=f"{TEST_FUNCTION}[{case_id}]", time="0")
         ET.SubElement(case, "error", message="no result: the run ended before this case had one").text = (

@@ -3,8 +3,10 @@
 For every op (the kernel ops, then the wrapper ops) and every dtype the suite draws, one status:
 
 * ``implemented``: the target defines the op;
-* ``derived from kernels (…)``: a :class:`KernelTarget` composes the wrapper method from those of
-  its kernel ops (``add_lora_linear`` through ``add_shrink`` and ``add_expand``);
+* ``derived from kernels (…) by the X composition``: a :class:`KernelTarget` composes the wrapper
+  method from those of its kernel ops, by the first composition of its ``wrapper_paths`` whose kernels
+  it defines (``add_lora_linear`` through ``add_shrink`` and ``add_expand``, each part naming its own
+  composition; ``OpStatus.composition`` holds it, and the header lists the order tried);
 * ``not supported: …``: why the suite will report the op's cases "not supported": the op is not
   defined, the kernels a wrapper method would be derived from are missing (named, per composition,
   so the list says what to implement next), the dtype is not in ``target.dtypes``, the target's own
@@ -67,7 +69,10 @@ class OpStatus:
     level: str  # "kernel" or "wrapper"
     dtype: str
     supported: bool
-    status: str  # "implemented", "derived from kernels (…)" or "not supported: …", maybe with notes
+    status: str  # "implemented", "derived from kernels (…) by …" or "not supported: …", maybe with notes
+    # The composition a derived wrapper op uses (KernelTarget.wrapper_path; for an op made of wrapper ops,
+    # those its derived parts use, in order, joined by ", "); None where the op is not derived from kernels.
+    composition: str | None = None
 
 
 @dataclass(frozen=True)
@@ -116,7 +121,7 @@ def describe_class(cls: type[Target], name: str | None = None, reference: str | 
     else:
         reason = ""
     statuses = tuple(
-        _status(target, op, dtype, reason)
+        dataclasses.replace(_status(target, op, dtype, reason), composition=_composition(target, op))
         for op in ops_at(Level.KERNEL) + ops_at(Level.WRAPPER)
         for dtype in DTYPES
     )
@@ -161,14 +166,25 @@ def _definition(target: Target, op: str) -> tuple[str, bool]:
     return target.why_not_implemented.get(op, f"{target.name} does not define {op}"), False
 
 
+def _composition(target: Target, op: str) -> str | None:
+    """The composition(s) a KernelTarget derives wrapper op ``op`` by; None when it does not derive it."""
+    if not isinstance(target, KernelTarget) or OP_SPECS[op].level != Level.WRAPPER or not target.derived_from(op):
+        return None
+    parts = OP_SPECS[op].composed_of
+    if not parts:
+        return target.wrapper_path(op)
+    return ", ".join(dict.fromkeys(target.wrapper_path(part) for part in parts if not target.overrides(part)))
+
+
 def _derivation(target: KernelTarget, op: str) -> str:
     kernels = ", ".join(target.derived_from(op))
     parts = OP_SPECS[op].composed_of
     if not parts:
-        return f"derived from kernels ({kernels})"
+        return f"derived from kernels ({kernels}) by the {target.wrapper_path(op)} composition"
     own = [part for part in parts if target.overrides(part)]
     sources = ([f"kernels ({kernels})"] if kernels else []) + ([f"{', '.join(own)} (implemented)"] if own else [])
-    return f"derived from {' and '.join(sources)} via {' then '.join(parts)}"
+    steps = [part if part in own else f"{part} ({target.wrapper_path(part)} composition)" for part in parts]
+    return f"derived from {' and '.join(sources)} via {' then '.join(steps)}"
 
 
 def _why_not_derived(target: KernelTarget, op: str) -> str:
@@ -182,11 +198,17 @@ def _why_not_derived(target: KernelTarget, op: str) -> str:
     if not paths:
         return f"{target.name} does not define {op}, and no composition of kernel ops gives it"
     present = set(target.kernel_ops())
-    options = []
+    # compositions that lack the same kernels are named together (the MoE ops need fused_moe_lora in all but one)
+    lacking: dict[tuple[str, ...], list[str]] = {}
     for path in paths:
-        missing = [kernel for kernel in spec.compositions[path] if kernel not in present]
-        options.append(f"{' and '.join(missing)} ({path} composition)")
+        lacking.setdefault(tuple(kernel for kernel in spec.compositions[path] if kernel not in present), []).append(path)
+    options = [f"{' and '.join(missing)} ({_either(same)} composition)" for missing, same in lacking.items()]
     return "missing kernels " + " or ".join(options)
+
+
+def _either(names: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def _refusal(target: Target, case: Case) -> str | None:
@@ -216,8 +238,8 @@ def render(description: TargetDescription) -> str:
     lines.append(f"dtypes: {', '.join(d.dtypes)}")
     if d.wrapper_paths is not None:
         lines.append(
-            "wrapper methods: derived from the kernel ops by KernelTarget unless defined; "
-            f"compositions tried in order: {', '.join(d.wrapper_paths)}"
+            "wrapper methods: derived from the kernel ops by KernelTarget unless defined, each by the first "
+            f"composition whose kernels are all defined, tried in this order (wrapper_paths): {', '.join(d.wrapper_paths)}"
         )
     lines.append("")
     op_width = max(len(op) for op in OP_SPECS)

@@ -5,11 +5,16 @@ process that never imports the target's module, so that nothing the target or a 
 patches (a torch function, the harness itself) can move a verdict. Yet the run needs a few things
 about the target before and between cases: whether it can run here at all (a usage error, not a
 broken case), its name, its device type (which visible-devices variable ``--devices`` sets, which
-``torch.distributed`` backend its tensor-parallel ranks use), which methods it defines (tensor-parallel
-cases need three wrapper methods) and which dtypes it claims. :class:`TargetFacts` holds exactly
-that, as plain data: the target's worker process reads them from the class it loaded
-(:func:`facts_of`) and sends them to its parent (``conformance.isolation``), and an xdist controller
-hands its copy to the workers.
+``torch.distributed`` backend its tensor-parallel ranks use), which ops it implements and which dtypes
+it claims. :class:`TargetFacts` holds exactly that, as plain data: the target's worker process reads
+them from the class it loaded (:func:`facts_of`) and sends them to its parent (``conformance.isolation``),
+and an xdist controller hands its copy to the workers.
+
+The facts are what each level decides "not supported" from before any worker or rank process starts
+(``conformance.levels``: a tensor-parallel case needs three wrapper methods on every rank, an end-to-end
+case the decoder's, an op case its op). So ``methods`` lists the ops the class really implements, as
+its own ``implemented_ops()`` says, not every attribute it has: a :class:`KernelTarget` has every
+wrapper method as an attribute but implements only those its kernels compose (:func:`implemented_ops_of`).
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from conformance.ops import Level, ops_at
 
 from .base import Target
 
-# Methods outside the op registry that a level asks about: the layer and model cases' wrapper methods.
-EXTRA_METHODS = ("update_metadata", "add_lora_w13", "add_lora_w2")
+# Methods outside the op registry that a level asks about (the wrapper levels' metadata call).
+EXTRA_METHODS = ("update_metadata",)
 
 
 @dataclass(frozen=True)
@@ -35,7 +40,7 @@ class TargetFacts:
     reference: str  # ``module:Class``
     device_type: str  # ``default_device().type``
     dtypes: tuple[str, ...]  # the dtypes it claims, as torch names ("bfloat16", …)
-    methods: tuple[str, ...]  # the ops (and EXTRA_METHODS) it defines
+    methods: tuple[str, ...]  # the ops it implements (implemented_ops_of) and the EXTRA_METHODS it defines
     generation_engine: str
     visible_devices_env: str | None  # the variable that selects one of its devices
     distributed_backend: str | None  # the torch.distributed backend of its tensor-parallel ranks
@@ -59,17 +64,36 @@ class TargetFacts:
         return cls(**{**data, "dtypes": tuple(data["dtypes"]), "methods": tuple(data["methods"])})
 
 
+def implemented_ops_of(cls: type[Target]) -> tuple[str, ...]:
+    """The registered ops ``cls`` implements, by its own ``implemented_ops()``, without making a target.
+
+    ``implemented_ops`` is an instance method (a :class:`KernelTarget` derives a wrapper method only
+    where the kernels it composes are present, and asks ``type(self)`` whether a subclass overrides
+    one), but it reads only what the class defines. So it is called on a bare instance, made by
+    ``object.__new__`` without running ``__init__``: no device is touched, nothing allocated. What a target
+    binds in its ``__init__`` is not seen here (the cpu target's torch ops, say); its worker's own
+    check, on the loaded target, still decides those op cases. Should the target's ``implemented_ops``
+    need such state, every registered op the class has as a method counts, as ``Target`` counts them.
+    """
+    registered = ops_at(Level.KERNEL) + ops_at(Level.WRAPPER)
+    try:
+        implemented = set(cls.implemented_ops(object.__new__(cls)))
+    except Exception:  # noqa: BLE001 - a target's implemented_ops reading instance state: the class's methods instead
+        implemented = {op for op in registered if callable(getattr(cls, op, None))}
+    return tuple(op for op in registered if op in implemented)
+
+
 def facts_of(cls: type[Target]) -> TargetFacts:
     """The facts of a loaded target class (call ``check_available`` first: facts of a target that
     cannot run here mean nothing)."""
-    names = ops_at(Level.KERNEL) + ops_at(Level.WRAPPER) + EXTRA_METHODS
+    extras = tuple(name for name in EXTRA_METHODS if callable(getattr(cls, name, None)))
     traits = cls.device_traits()
     return TargetFacts(
         name=cls.name,
         reference=f"{cls.__module__}:{cls.__qualname__}",
         device_type=traits.type,
         dtypes=tuple(sorted(str(dtype).removeprefix("torch.") for dtype in cls.dtypes if isinstance(dtype, torch.dtype))),
-        methods=tuple(name for name in names if callable(getattr(cls, name, None))),
+        methods=implemented_ops_of(cls) + extras,
         generation_engine=cls.generation_engine,
         visible_devices_env=traits.visible_devices_env,
         distributed_backend=traits.distributed_backend,

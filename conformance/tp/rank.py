@@ -6,15 +6,15 @@ then runs its shard of every case its parent (``conformance.tp.pool``) sends: ``
 the case's mapping, the layer's composition (``conformance.tp.composition``) with the target's wrapper
 methods (watched for writes into their inputs, ``conformance.tp.inputs``) and the process group's
 collectives. Each rank answers with the gathered output (rank 0; the others ``None``) and the inputs
-its calls modified; an exception is answered with its text (the parent decides the outcome). Like the op
-worker (``conformance.isolation.child``) it first calls ``conformance.isolation.worker.prepare_child``:
-it dies with its parent and dumps its Python stacks into the stack file on a fatal signal or on SIGUSR1,
-which the parent sends to a rank that hangs.
+its calls modified; an exception is answered with its text and its whole traceback, formatted here
+(the parent decides the outcome). Like the op worker (``conformance.isolation.child``) it first calls
+``conformance.isolation.worker.prepare_child``: it dies with its parent and dumps its Python stacks into
+the stack file on a fatal signal or on SIGUSR1, which the parent sends to a rank that hangs.
 
 Messages (pickled, one pipe each way, tagged with ``conformance.isolation.protocol.Tag``): the parent's
-configuration dict, answered ``(READY, device description)`` or ``(RAISE, text)``; then each ``(CASE,
-TPCase)`` is answered ``(OK, (tensor or None, [modified inputs]))``, ``(NOT_SUPPORTED, text)``
-(NotImplementedError) or ``(RAISE, text)``; ``(EXIT, None)`` ends it.
+configuration dict, answered ``(READY, device description)`` or ``(RAISE, (text, traceback))``; then
+each ``(CASE, TPCase)`` is answered ``(OK, (tensor or None, [modified inputs], [BitDifferences of inputs]))``,
+``(NOT_SUPPORTED, text)`` (NotImplementedError) or ``(RAISE, (text, traceback))``; ``(EXIT, None)`` ends it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection
 
 from conformance.isolation.protocol import Tag
 from conformance.isolation.worker import prepare_child
-from conformance.text import describe_exception
+from conformance.text import describe_exception, format_traceback
 
 COLLECTIVE_TIMEOUT = dt.timedelta(minutes=10)  # the parent's case timeout ends a hung rank long before
 
@@ -48,6 +48,12 @@ def _error_text(exc: BaseException) -> str:
     """``"TypeName: message (at file:line)"`` in safe text (``conformance.text.describe_exception``): a
     target's exception can hold surrogates, be 10 MB long or have a ``__str__`` that raises; never raises."""
     return describe_exception(exc)
+
+
+def _raised(exc: BaseException) -> tuple[str, str]:
+    """What a RAISE reply carries: the one-line text and the whole traceback, from the frame of this module
+    that caught ``exc`` into the target's (``conformance.text.format_traceback``); safe text, never raises."""
+    return _error_text(exc), format_traceback(exc)
 
 
 def main(argv: list[str]) -> int:
@@ -80,7 +86,7 @@ def main(argv: list[str]) -> int:
         dist.init_process_group(backend, init_method=f"file://{config['init_file']}", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
         reply(Tag.READY, {**device_description(target.device.type), "backend": backend})
     except Exception as exc:  # noqa: BLE001 - the parent reports it for every case
-        reply(Tag.RAISE, _error_text(exc))
+        reply(Tag.RAISE, _raised(exc))
         return 1
     collectives = ProcessGroupCollectives(rank, world_size)
     while True:
@@ -97,9 +103,9 @@ def main(argv: list[str]) -> int:
         except NotImplementedError as exc:
             reply(Tag.NOT_SUPPORTED, _error_text(exc))
         except Exception as exc:  # noqa: BLE001 - any exception from the target is the broken outcome
-            reply(Tag.RAISE, _error_text(exc))
+            reply(Tag.RAISE, _raised(exc))
         else:
-            reply(Tag.OK, (output if rank == 0 else None, watched.modified))
+            reply(Tag.OK, (output if rank == 0 else None, watched.modified, watched.bit_level))
     dist.destroy_process_group()
     return 0
 

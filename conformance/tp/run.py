@@ -12,7 +12,7 @@ referee's, never imports the target), so an unsupported target never starts a po
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from conformance.devices import visible_devices_variable
 from conformance.ops import Level
@@ -115,7 +115,8 @@ class TPExecutor:
             return TPResult(case.case_id, case, Outcome.NOT_SUPPORTED, reason, features=features)
         if case.tp_size in self._start_errors:
             failure = self._start_errors[case.tp_size]
-            return TPResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features, kinds=(failure.kind,))
+            return TPResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features, kinds=(failure.kind,),
+                            traceback=failure.traceback)
         started = time.perf_counter()
         pool = self._pool_for(case.tp_size)
         starting = not pool.alive
@@ -125,7 +126,7 @@ class TPExecutor:
             failure.message = f"the tensor-parallel pool could not start: {failure.message}"
             self._start_errors[case.tp_size] = failure
             return TPResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features, kinds=(failure.kind,),
-                            failing_ranks=failure.ranks)
+                            failing_ranks=failure.ranks, traceback=failure.traceback)
         self.pool_starts += starting
         calls = []  # each call's answers, by rank: the case runs `runs` times on the same pool
         try:
@@ -137,7 +138,8 @@ class TPExecutor:
                 return TPResult(case.case_id, case, Outcome.NOT_SUPPORTED, failure.message, features=features)
             which = f" (call {len(calls) + 1} of {self.runs}; the earlier returned)" if calls else ""
             return TPResult(case.case_id, case, Outcome.BROKEN, failure.message + which, features=features, seconds=seconds,
-                            kinds=(failure.kind,), failing_ranks=failure.ranks, stability="flaky" if calls else None)
+                            kinds=(failure.kind,), failing_ranks=failure.ranks, stability="flaky" if calls else None,
+                            traceback=failure.traceback)
         seconds = time.perf_counter() - started
         results = [self._judged(case, answers, features, seconds) for answers in calls]
         result = next((r for r in results if r.outcome is not Outcome.PASS), results[0])
@@ -157,16 +159,21 @@ class TPExecutor:
     def _judged(case: TPCase | MoETPCase, answers: list, features, seconds: float) -> TPResult:
         """One call of the case: rank 0's gathered output judged here, every rank's writes into its inputs named."""
         output = answers[0][0]
-        modified = [(rank, text) for rank, (_, texts) in enumerate(answers) for text in texts]
+        modified = [(rank, text) for rank, (_, texts, _) in enumerate(answers) for text in texts]
+        input_bits = [(rank, entry) for rank, (_, _, entries) in enumerate(answers) for entry in entries]
         verdict, message, slots, ranks, kinds = judge_output(case, output)
-        if verdict.passed and not modified:
-            return TPResult(case.case_id, case, Outcome.PASS, "", verdict.measurement, features, seconds)
+        measurement = verdict.measurement
+        if measurement is not None and input_bits:  # inputs with equal values and other bits: recorded, not failed
+            measurement = replace(measurement, bit_differences=measurement.bit_differences + tuple(e for _, e in input_bits))
+        if verdict.passed and not modified:  # a pass says what differs in bits only
+            notes = [message] * bool(message) + [f"rank {rank}: {entry.note()}" for rank, entry in input_bits]
+            return TPResult(case.case_id, case, Outcome.PASS, "; ".join(notes), measurement, features, seconds)
         if modified:
             details = [f"rank {rank}: {text}, which every wrapper method must only read" for rank, text in modified]
-            message = "; ".join(([message] if message else []) + details)
+            message = "; ".join(([message] if message and not verdict.passed else []) + details)  # not a pass's notes
             kinds = ordered((*kinds, FailureKind.MODIFIED_INPUT))
             ranks = tuple(sorted({*ranks, *(rank for rank, _ in modified)}))
-        return TPResult(case.case_id, case, Outcome.FAIL, message, verdict.measurement, features, seconds, slots,
+        return TPResult(case.case_id, case, Outcome.FAIL, message, measurement, features, seconds, slots,
                         kinds=kinds, failing_ranks=ranks)
 
     def device_description(self) -> dict | None:

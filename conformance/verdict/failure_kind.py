@@ -19,7 +19,7 @@ class FailureKind(str, enum.Enum):
     # the target returned, but what it wrote is wrong (outcome "fail")
     WRONG_OUTPUT_TYPE = "wrong output type"  # the output tensor changed shape or dtype
     WROTE_NOTHING = "wrote nothing"  # the output is untouched where the op must write (a new tensor returned?)
-    OUTSIDE_REGION = "wrote outside its region"  # bits changed where the op must leave the output alone
+    OUTSIDE_REGION = "wrote outside its region"  # a value changed where the op must leave the output alone
     NAN_INF = "nan/inf"  # NaN or Inf where the oracle is finite
     NUMERICS = "numerics"  # finite, inside its region, but outside the error budget
     SYSTEMATIC = "systematic error"  # inside the budget, but the error is a significant multiple of the delta
@@ -48,15 +48,17 @@ KIND_DOCS = {
     FailureKind.WRONG_OUTPUT_TYPE: "the output tensor has another shape or dtype than the op's contract says",
     FailureKind.WROTE_NOTHING: "the output is bit-identical to its initial value everywhere the op must write; "
     "wrapper methods and kernel ops write their result into the output tensor in place (a new tensor returned is lost)",
-    FailureKind.OUTSIDE_REGION: "elements the op must leave untouched changed (rows without adapter, other slices, "
-    "columns outside the slice)",
+    FailureKind.OUTSIDE_REGION: "elements the op must leave untouched changed value (rows without adapter, other slices, "
+    "columns outside the slice); a zero whose sign flipped or a NaN with another payload is equal in value, "
+    "recorded as a bit-level difference and not failed",
     FailureKind.NAN_INF: "NaN or Inf where the float64 oracle is finite",
     FailureKind.NUMERICS: "the largest error exceeds the dtype's error budget",
     FailureKind.SYSTEMATIC: "the error is proportional to the LoRA delta: the delta is off by a relative bias larger "
     "than rounding explains (a scale or gain a percent off), though every element may be inside the budget",
     FailureKind.INVARIANT: "an op with many correct outputs (moe_lora_align_block_size) broke one of its invariants: "
     "a pair missing, listed twice, in another expert's block, another slot's pair, padding that is not out of range",
-    FailureKind.MODIFIED_INPUT: "an input tensor changed; every op only reads its inputs",
+    FailureKind.MODIFIED_INPUT: "an input tensor changed value; every op only reads its inputs (a zero whose sign "
+    "flipped or a NaN with another payload is recorded as a bit-level difference, not failed)",
     FailureKind.NONDETERMINISTIC: "the same call on fresh copies of the same inputs gave results that differ bit "
     "for bit; a failure only under --require-deterministic (otherwise the result is labelled nondeterministic)",
     FailureKind.TOKENS: "end to end: a generated or top-1 token differs from the reference where it is no near-tie",

@@ -5,7 +5,9 @@ Inputs (all the op's output tensor, same shape):
   ``oracle``   the reference in float64 on the same inputs;
   ``baseline`` the reference in the case dtype (what straightforward low-precision code gives);
   ``initial``  the output before the call;
-  ``written``  bool mask of the elements the op may write;
+  ``written``  bool mask of the elements the op may write; elsewhere the output must keep its values
+               (``metrics.compare_values``): a zero whose sign flipped, or a NaN with another payload,
+               is no wrong number, and is recorded (``Measurement.bit_differences``), not failed;
   ``delta``    (optional) the oracle's delta: the float64 reference on the same inputs with the output
                zeroed, i.e. what the op adds (or, for an op that overwrites, writes). Given, the
                error's systematic part is judged too (``systematic``); without it only the budget is.
@@ -17,12 +19,13 @@ Inputs (all the op's output tensor, same shape):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
+from .bit_differences import OUTPUT, BitDifferences
 from .failure_kind import FailureKind
-from .metrics import bitwise_differences, max_abs_error, max_ulp_error, sqnr_db
+from .metrics import bitwise_differences, compare_values, max_abs_error, max_ulp_error, sqnr_db, where
 from .systematic import DeltaBias, correctly_rounded, delta_bias, row_groups
 from .tolerances import systematic_threshold_for, tolerance_for
 
@@ -46,12 +49,15 @@ class Measurement:
     delta_bias_threshold: float | None = None  # max(min_bias, z · SE(α)): |α| above it is flagged
     systematic_ratio: float | None = None  # |α| / threshold: ≤ 1 passes
     baseline_delta_bias: float | None = None  # the baseline's α on the same case
+    # equal values with other bits where nothing may change (the untouched output, the inputs): recorded, not failed
+    bit_differences: tuple[BitDifferences, ...] = ()
 
     def to_json(self) -> dict:
         def plain(value):
             return value if value is None or (value == value and abs(value) != float("inf")) else str(value)
 
-        return {k: plain(v) for k, v in asdict(self).items()}
+        numbers = {f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name != "bit_differences"}
+        return {**numbers, "bit_differences": [entry.to_json() for entry in self.bit_differences]}
 
 
 @dataclass(frozen=True)
@@ -73,17 +79,6 @@ class Verdict:
         return not self.problems
 
 
-def _where(mask: torch.Tensor) -> dict[str, tuple[int, ...]]:
-    """Where ``mask`` holds anywhere: its rows (dim −2), columns (dim −1) and planes (the dims before, flattened)."""
-    cube = mask.reshape(-1, mask.size(-2), mask.size(-1))
-
-    def indices(hit: torch.Tensor) -> tuple[int, ...]:
-        return tuple(torch.nonzero(hit).flatten().tolist())
-
-    return {"rows": indices(cube.any(dim=0).any(dim=-1)), "columns": indices(cube.any(dim=0).any(dim=0)),
-            "planes": indices(cube.any(dim=-1).any(dim=-1))}
-
-
 def judge(
     actual: torch.Tensor,
     oracle: torch.Tensor,
@@ -101,15 +96,17 @@ def judge(
         return Verdict((Problem(FailureKind.WRONG_OUTPUT_TYPE, problem),), None)
 
     problems: list[Problem] = []
-    outside = bitwise_differences(actual, initial) & ~written
+    untouched = compare_values(actual, initial)
+    outside = untouched.changed & ~written
     if outside.any():
-        problems.append(Problem(FailureKind.OUTSIDE_REGION, f"wrote {int(outside.sum())} element(s) it must leave untouched", **_where(outside)))
+        problems.append(Problem(FailureKind.OUTSIDE_REGION, f"wrote {int(outside.sum())} element(s) it must leave untouched", **where(outside)))
+    bit_differences = BitDifferences.of(untouched, OUTPUT, OUTPUT, ~written)
 
     a, o, b = actual[written].double(), oracle[written].double(), baseline[written].double()
     nonfinite = torch.zeros_like(written)
     nonfinite[written] = ~torch.isfinite(a) & torch.isfinite(o)
     if nonfinite.any():
-        problems.append(Problem(FailureKind.NAN_INF, f"{int(nonfinite.sum())} NaN/Inf element(s) where the oracle is finite", **_where(nonfinite)))
+        problems.append(Problem(FailureKind.NAN_INF, f"{int(nonfinite.sum())} NaN/Inf element(s) where the oracle is finite", **where(nonfinite)))
 
     finite = torch.isfinite(a) & torch.isfinite(o)
     a, o, b = a[finite], o[finite], b[finite]
@@ -144,13 +141,14 @@ def judge(
         operand_scale=operands,
         magnitude_scale=terms,
         **(systematic.fields() if systematic else {}),
+        bit_differences=(bit_differences,) if bit_differences else (),
     )
     if error > budget or error > cap:
         which = f"{tol.k:g}× the baseline error {baseline_error:.3g} + floor {floor:.3g}" if error > budget else f"rtol cap {cap:.3g}"
         elementwise = torch.zeros(written.shape, dtype=torch.float64)
         elementwise[written] = (actual[written].double() - oracle[written].double()).abs().nan_to_num(0.0)
         text = f"max error {error:.3g} exceeds {which} (ratio {measurement.budget_ratio:.3g})"
-        if not bitwise_differences(actual, initial)[written].any():
+        if not bitwise_differences(actual, initial)[written].any():  # bit for bit: did anything arrive at all
             # Not a rounding problem: nothing arrived. The usual cause is an implementation that
             # returns a new tensor instead of writing into the output it was given.
             text = (
@@ -161,7 +159,7 @@ def judge(
             kind = FailureKind.WROTE_NOTHING
         else:
             kind = FailureKind.NUMERICS
-        problems.append(Problem(kind, text, **_where(elementwise > min(budget, cap))))
+        problems.append(Problem(kind, text, **where(elementwise > min(budget, cap))))
     elif systematic and systematic.flagged:
         # Only inside the budget: a result outside it already fails for its written region, and keeps
         # the kinds it had (an expectations entry that lists ``numerics`` still covers it).

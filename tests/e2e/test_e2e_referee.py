@@ -178,7 +178,7 @@ def test_the_target_side_needs_one_continuation_per_request(producer):
         producer.produce(TEACHER_FORCED, [[1, 2]])
 
 
-def test_a_raising_target_is_broken_with_its_last_frames(referee):
+def test_a_raising_target_is_broken_with_its_whole_traceback(referee):
     class Raising(PlainTorchTarget):
         def add_lora_linear(self, *args, **kwargs):
             raise RuntimeError("the kernel fell over")
@@ -186,9 +186,13 @@ def test_a_raising_target_is_broken_with_its_last_frames(referee):
     production = E2ETargetRunner(Raising()).produce(GREEDY, None)
     assert production.status == RAISED and not production.repetitions
     assert production.message.startswith("RuntimeError: the kernel fell over (at ")
-    assert "Traceback (most recent call last):" in production.message and "add_lora_linear" in production.message
+    # formatted on the target's side: from the runner through the engine into the target's method
+    assert production.traceback.startswith("Traceback (most recent call last):")
+    assert 'target_runner.py", line' in production.traceback and "in add_lora_linear" in production.traceback
+    assert production.traceback.endswith("RuntimeError: the kernel fell over")
     result = referee.judge(GREEDY, pickle.loads(pickle.dumps(production)))
     assert result.outcome is Outcome.BROKEN and result.kinds == (FailureKind.RAISED,)
+    assert result.traceback == production.traceback and result.to_json()["traceback"] == production.traceback
 
 
 def test_the_referee_reads_the_fixtures_itself(tmp_path):

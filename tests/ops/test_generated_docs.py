@@ -16,9 +16,9 @@ from conformance.ops.generated_docs import DOCS, REGENERATE, ROOT, blocks, check
 from conformance.ops.tables import TABLES, composition_table
 from conformance.targets.__main__ import main
 
-# Where each table is embedded: the op table with its legend beside the contract, the compositions in
-# the bring-up guide, the knobs with the cases.
-PLACES = {"docs/targets.md": ["ops", "legend"], "docs/bring-up.md": ["compositions"], "docs/cases.md": ["knobs"]}
+# Where each table is embedded: the op table with its legend beside the contract, the compositions there
+# (KernelTarget's section) and in the bring-up guide, the knobs with the cases.
+PLACES = {"docs/targets.md": ["ops", "legend", "compositions"], "docs/bring-up.md": ["compositions"], "docs/cases.md": ["knobs"]}
 
 
 def test_every_generated_block_of_the_docs_is_what_the_specs_render():

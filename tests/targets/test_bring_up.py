@@ -8,8 +8,11 @@
 * its kernels also carry the wrapper level composed like vLLM's CPU wrapper (sgmv / bgmv);
 * ``KernelTarget`` follows the specs' compositions (``OpSpec.compositions`` / ``composed_of``): with only
   a composition's kernels it derives the wrapper op, calls those kernels and no other, and passes;
-  removing one kernel from a backend with all ten (``PlainTorchTarget``) makes exactly the ops whose
+  removing one kernel from a backend with all of them (``PlainTorchTarget``) makes exactly the ops whose
   compositions need it "not supported", for each composition order;
+* one kernel family alone (the three bgmv ops, the three sgmv ops, or ``lora_shrink`` + ``lora_expand``)
+  gives every dense wrapper method under the default ``wrapper_paths``, passes their cases and calls no
+  other kernel; a bug seeded in the family's ``bgmv_expand_slice`` fails the wrapper ops composed from it;
 * the MoE wrapper ops are composed as documented: block-aligned metadata from the target's own
   ``moe_lora_align_block_size``, or the naive form with the pairs' local experts; shared stacks
   expanded with stride 0; composed from the reference's own kernels they pass every MoE wrapper case;
@@ -28,12 +31,13 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from example_backends import installed_example
 from fault_targets import PlainTorchTarget
 
 from conformance import reference
 from conformance.cases import Case
 from conformance.generator.profiles import profile_cases
-from conformance.ops import OP_SPECS, case_mapping
+from conformance.ops import COMPOSITIONS, OP_SPECS, case_mapping
 from conformance.runner import run_case
 from conformance.targets import KERNEL_OPS, WRAPPER_OPS, TargetUnavailable, known_targets, resolve
 from conformance.targets.describe import describe_class
@@ -56,14 +60,7 @@ DTYPES = ("float16", "bfloat16", "float32")
 @pytest.fixture(scope="module")
 def example_class():
     """``PlainExampleTarget``, or a failure saying how to install the example (CI installs it)."""
-    try:
-        from plain_lora_backend import PlainExampleTarget
-    except ImportError:
-        pytest.fail(
-            "the example backend is not installed: pip install --no-deps -e examples/plain-lora-backend "
-            "(scripts/install-cpu-env does it)"
-        )
-    return PlainExampleTarget
+    return installed_example("plain_lora_backend", "PlainExampleTarget", "plain-lora-backend")
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +198,7 @@ def cases_reaching_every_kernel(smoke_cases, op: str) -> list[tuple[str, Case]]:
 COMPOSED_WRAPPERS = [op for op in WRAPPER_OPS if OP_SPECS[op].compositions or OP_SPECS[op].composed_of]
 
 
-@pytest.mark.parametrize("path", ["lora", "classic"])
+@pytest.mark.parametrize("path", COMPOSITIONS)
 @pytest.mark.parametrize("op", COMPOSED_WRAPPERS)
 def test_kernel_target_composes_each_wrapper_op_from_exactly_the_kernels_its_spec_names(smoke_cases, op, path):
     needed = composed_kernels(op, path)
@@ -214,11 +211,19 @@ def test_kernel_target_composes_each_wrapper_op_from_exactly_the_kernels_its_spe
         assert run_case(target, case, case_id, runs=1).outcome is Outcome.PASS, case_id
     # each kernel it names is called by some case, and no other kernel; an op drawn in prefill only (the token
     # head: pooling batches are prefill) never reaches the classic path's decode kernels, the bgmv ops
-    reached = needed if any(not case.is_prefill for _, case in chosen) else {k for k in needed if not k.startswith("bgmv_")}
+    prefill_only = all(case.is_prefill for _, case in chosen)
+    reached = {k for k in needed if not k.startswith("bgmv_")} if path == "classic" and prefill_only else needed
     assert set(calls) == reached
 
 
-COMPOSITION_ORDERS = [("lora", "classic"), ("lora",), ("classic",)]
+DEFAULT_ORDER = KernelTarget.wrapper_paths
+COMPOSITION_ORDERS = [DEFAULT_ORDER, ("lora", "classic"), ("lora",), ("classic",), ("bgmv",), ("sgmv",), ("sgmv", "bgmv")]
+
+
+def test_the_default_order_tries_vllms_wrappers_first_then_each_kernel_family():
+    assert DEFAULT_ORDER == ("lora", "classic", "bgmv", "sgmv") and set(DEFAULT_ORDER) == set(COMPOSITIONS)
+    with pytest.raises(ValueError, match=r"names \['gpu'\], which are no compositions"):
+        type("Misspelt", (PlainTorchTarget,), {"wrapper_paths": ("gpu", "lora")})
 
 
 @pytest.mark.parametrize("paths", COMPOSITION_ORDERS, ids="-".join)
@@ -242,6 +247,97 @@ def test_removing_one_kernel_makes_exactly_its_dependants_not_supported(cheapest
 def test_the_example_without_kernels_supports_nothing(example_class):
     bare = type("Bare", (example_class,), dict.fromkeys(KERNEL_OPS))()
     assert bare.implemented_ops() == ()
+
+
+# -- (c'') one kernel family alone gives every dense wrapper method -------------------------------------
+
+DENSE_WRAPPERS = tuple(op for op in WRAPPER_OPS if op not in MOE_WRAPPERS)
+# A backend's kernel families, and the composition the default wrapper_paths gives each dense wrapper op from
+# that family alone. The bgmv ops alone get the logits and the full linear by the classic composition: vLLM's
+# CPU wrapper already sends the sampled rows to bgmv, so those two need nothing else there.
+KERNEL_FAMILIES = {
+    "bgmv": (("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice"),
+             {"add_lora_logits": "classic", "apply_lora_full_linear": "classic"}),
+    "sgmv": (("sgmv_shrink", "sgmv_expand", "sgmv_expand_slice"), {}),
+    "lora": (("lora_shrink", "lora_expand"), {}),
+}  # fmt: skip
+
+
+def only_family(base: type[KernelTarget], family: str, calls: list[str]) -> KernelTarget:
+    """``base`` with only ``family``'s kernels (the others None), recording its kernel calls, default ``wrapper_paths``."""
+    kernels, _ = KERNEL_FAMILIES[family]
+    return type(f"Only_{family}", (recording(base, calls),), {op: None for op in KERNEL_OPS if op not in kernels})()
+
+
+@pytest.mark.parametrize("family", KERNEL_FAMILIES)
+def test_one_kernel_family_alone_gives_every_dense_wrapper_method(smoke_cases, family):
+    kernels, elsewhere = KERNEL_FAMILIES[family]
+    calls: list[str] = []
+    target = only_family(PlainTorchTarget, family, calls)
+    assert target.wrapper_paths == DEFAULT_ORDER
+    assert target.implemented_ops() == kernels + DENSE_WRAPPERS
+    assert {op: target.wrapper_path(op) for op in DENSE_WRAPPERS if OP_SPECS[op].compositions} == {
+        op: elsewhere.get(op, family) for op in DENSE_WRAPPERS if OP_SPECS[op].compositions
+    }
+    assert all(set(target.derived_from(op)) <= set(kernels) for op in DENSE_WRAPPERS)
+    # describe names each op's composition; an op made of wrapper ops, those of its parts
+    described = describe_class(type(target))
+    for op in DENSE_WRAPPERS:
+        parts = OP_SPECS[op].composed_of
+        used = tuple(dict.fromkeys(target.wrapper_path(part) for part in parts or (op,)))
+        assert described.status(op, "bfloat16").composition == ", ".join(used)
+        assert described.status(op, "bfloat16").status.endswith(" composition)" if parts else f"by the {used[0]} composition")
+    # a prefill and a decode case of every dense wrapper op, each with a row of an adapter: all pass, and
+    # between them they reach every kernel of the family and no other
+    for op in DENSE_WRAPPERS:
+        for case_id, case in cases_reaching_every_kernel(smoke_cases, op):
+            assert run_case(target, case, case_id, runs=1).outcome is Outcome.PASS, case_id
+    assert set(calls) == set(kernels)
+
+
+@pytest.mark.slow  # every dense wrapper case of the smoke profile, three times over (a minute on two cores)
+@pytest.mark.parametrize("family", KERNEL_FAMILIES)
+def test_one_kernel_family_alone_passes_every_dense_wrapper_smoke_case(smoke_cases, family):
+    kernels, _ = KERNEL_FAMILIES[family]
+    calls: list[str] = []
+    target = only_family(PlainTorchTarget, family, calls)
+    dense_cases = [(case_id, case) for case_id, case in smoke_cases if case.op in DENSE_WRAPPERS]
+    assert {case.op for _, case in dense_cases} == set(DENSE_WRAPPERS)
+    assert {case.is_prefill for _, case in dense_cases} == {True, False}
+    not_passed = [
+        (case_id, result.outcome.value, result.message)
+        for case_id, case in dense_cases
+        for result in [run_case(target, case, case_id, runs=1)]
+        if result.outcome is not Outcome.PASS
+    ]
+    assert not_passed == []
+    assert set(calls) == set(kernels)
+
+
+class DropsTheSliceOffset(PlainTorchTarget):
+    """A seeded bug: ``bgmv_expand_slice`` writes every slice from column 0, whatever ``slice_offset`` says."""
+
+    name = "drops-the-slice-offset"
+
+    def bgmv_expand_slice(self, inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset, slice_size, add_inputs=True):
+        super().bgmv_expand_slice(inputs, lora_b_weights, output_tensor, lora_indices_tensor, 0, slice_size, add_inputs)
+
+
+def test_a_bug_in_the_bgmv_kernels_fails_exactly_the_wrapper_ops_composed_from_them(smoke_cases):
+    target = only_family(DropsTheSliceOffset, "bgmv", [])
+    uses_it = {op for op in DENSE_WRAPPERS if "bgmv_expand_slice" in target.derived_from(op)}
+    assert uses_it == {"add_expand", "add_lora_linear"}  # the slices of both, at running offsets
+
+    def offset_cases(op: str) -> list[tuple[str, Case]]:
+        """The cheapest prefill and decode cases of ``op`` that expand a slice of an adapter's rows off column 0."""
+        with_offset = [(i, c) for i, c in smoke_cases if c.offset_start > 0 or c.num_slices > 1]
+        return cases_reaching_every_kernel(with_offset, op)
+
+    for op in DENSE_WRAPPERS:
+        chosen = offset_cases(op) if op in uses_it else cases_reaching_every_kernel(smoke_cases, op)
+        assert {case.is_prefill for _, case in chosen} == {True, False} or op == "token_classification_head", op
+        outcomes = {run_case(target, case, case_id, runs=1).outcome for case_id, case in chosen}
+        assert outcomes == ({Outcome.FAIL} if op in uses_it else {Outcome.PASS}), op
 
 
 # -- (c') the MoE wrapper ops: which kernels they call, and how -----------------------------------------
@@ -284,10 +380,11 @@ def test_the_lora_composition_aligns_with_the_targets_own_kernel_then_walks_the_
     assert fused_args[28] is (op == "add_lora_w2")  # mul_routed_weight
 
 
-def test_the_classic_composition_gives_the_kernel_each_pairs_local_expert(smoke_cases):
+@pytest.mark.parametrize("path", [path for path in COMPOSITIONS if path != "lora"])
+def test_every_composition_but_lora_gives_the_kernel_each_pairs_local_expert(smoke_cases, path):
     case_id, case = _first_case(smoke_cases, "add_lora_w2", family="moe_nonlocal")
-    target = type("Naive", (KernelCalls,), {"moe_lora_align_block_size": None})()
-    assert target.wrapper_path("add_lora_w2") == "classic"
+    target = type("Naive", (KernelCalls,), {"wrapper_paths": (path, "lora")})()  # lora would win were it first
+    assert target.wrapper_path("add_lora_w2") == path
     assert run_case(target, case, case_id, runs=1).outcome is Outcome.PASS
     ((name, args),) = target.calls
     sorted_ids, expert_ids, padded = args[5:8]
@@ -323,7 +420,7 @@ class ReferenceMoEKernels(KernelTarget):
     moe_lora_align_block_size = staticmethod(reference.moe_lora_align_block_size)
 
 
-@pytest.mark.parametrize("paths", [("lora",), ("classic",)], ids="-".join)
+@pytest.mark.parametrize("paths", [("lora",), ("classic",)], ids="-".join)  # bgmv and sgmv: the same naive form as classic
 def test_the_moe_compositions_of_the_reference_kernels_pass_every_moe_wrapper_case(smoke_cases, paths):
     """Composed from the reference's kernels, the derivation itself is judged: the naive path's local
     experts (−1 off this rank) must mean what the reference wrapper means."""
@@ -367,7 +464,8 @@ def test_a_wrapper_method_the_vendor_defines_wins_over_the_derived_one(example_c
     assert described.status("add_shrink", "float16").status == "implemented"
     assert described.status("add_expand", "float16").status == "implemented"
     assert described.status("add_lora_linear", "float16").status.startswith("derived from add_shrink, add_expand (implemented)")
-    assert described.status("add_lora_logits", "float16").status == "derived from kernels (bgmv_shrink, bgmv_expand)"
+    assert described.status("add_lora_logits", "float16").status == "derived from kernels (bgmv_shrink, bgmv_expand) by the classic composition"
+    assert described.status("add_lora_linear", "float16").composition is None  # both parts are the vendor's
 
 
 def test_update_metadata_feeds_the_derived_methods(example_class, cheapest_per_op):
@@ -397,16 +495,16 @@ def test_describe_the_example_backend(example_class):
     statuses = describe_lines("plain-example")
     no_moe_kernels = (
         "not supported: missing kernels moe_lora_align_block_size and fused_moe_lora (lora composition) "
-        "or fused_moe_lora (classic composition)"
+        "or fused_moe_lora (classic, bgmv or sgmv composition)"
     )
     derived = {
-        "add_shrink": "derived from kernels (lora_shrink)",
-        "add_expand": "derived from kernels (lora_expand)",
-        "add_lora_linear": "derived from kernels (lora_shrink, lora_expand) via add_shrink then add_expand",
-        "add_lora_embedding": "derived from kernels (lora_expand)",
-        "add_lora_logits": "derived from kernels (lora_shrink, lora_expand)",
-        "apply_lora_full_linear": "derived from kernels (lora_shrink)",
-        "token_classification_head": "derived from kernels (lora_shrink) via add_shrink",
+        "add_shrink": "derived from kernels (lora_shrink) by the lora composition",
+        "add_expand": "derived from kernels (lora_expand) by the lora composition",
+        "add_lora_linear": "derived from kernels (lora_shrink, lora_expand) via add_shrink (lora composition) then add_expand (lora composition)",
+        "add_lora_embedding": "derived from kernels (lora_expand) by the lora composition",
+        "add_lora_logits": "derived from kernels (lora_shrink, lora_expand) by the lora composition",
+        "apply_lora_full_linear": "derived from kernels (lora_shrink) by the lora composition",
+        "token_classification_head": "derived from kernels (lora_shrink) via add_shrink (lora composition)",
         # the example's own reason, where it gives one (PlainExampleTarget.why_not_implemented)
         **{op: "not supported: " + example_class.why_not_implemented.get(op, f"plain-example does not define {op}") for op in MOE_KERNELS},
         "add_lora_w13": no_moe_kernels,
@@ -447,8 +545,10 @@ def test_describe_names_missing_kernels_dtypes_and_opt_outs(example_class):
     )
     assert described.status("add_lora_linear", "bfloat16").status.startswith("not supported: needs add_expand, which is missing")
     assert described.status("add_lora_logits", "bfloat16").status == "not supported: partial sets add_lora_logits to None (opted out)"
-    assert described.status("add_shrink", "bfloat16").status == "derived from kernels (sgmv_shrink, bgmv_shrink)"
-    assert described.status("add_lora_embedding", "bfloat16").status == "derived from kernels (sgmv_expand, bgmv_expand)"
+    assert described.status("add_shrink", "bfloat16").status == "derived from kernels (sgmv_shrink, bgmv_shrink) by the classic composition"
+    assert described.status("add_lora_embedding", "bfloat16").status == "derived from kernels (sgmv_expand, bgmv_expand) by the classic composition"
+    assert described.status("add_shrink", "bfloat16").composition == "classic"
+    assert described.status("add_expand", "bfloat16").composition is None
     assert described.status("add_lora_w13", "bfloat16").status == (
         "not supported: missing kernels fused_moe_lora (classic composition) or moe_lora_align_block_size and "
         "fused_moe_lora (lora composition)"
@@ -457,10 +557,12 @@ def test_describe_names_missing_kernels_dtypes_and_opt_outs(example_class):
 
 def test_describe_says_which_moe_composition_a_backend_gets():
     naive = describe_class(type("NaiveMoE", (PlainTorchTarget,), {"name": "naive-moe", "moe_lora_align_block_size": None}))
-    assert naive.status("add_lora_w2", "float16").status == "derived from kernels (fused_moe_lora)"
+    assert naive.status("add_lora_w2", "float16").status == "derived from kernels (fused_moe_lora) by the classic composition"
     assert naive.status("moe_lora_align_block_size", "float16").status == "not supported: naive-moe does not define moe_lora_align_block_size"
     aligned = describe_class(PlainTorchTarget)
-    assert aligned.status("add_lora_w13", "float16").status == "derived from kernels (moe_lora_align_block_size, fused_moe_lora)"
+    assert aligned.status("add_lora_w13", "float16").status == (
+        "derived from kernels (moe_lora_align_block_size, fused_moe_lora) by the lora composition"
+    )
 
 
 def test_describe_a_target_that_cannot_run_here(example_class):
@@ -475,7 +577,7 @@ def test_describe_a_target_that_cannot_run_here(example_class):
     assert not described.usable and "mychip" in described.reason
     assert not any(s.supported for s in described.statuses)
     assert described.status("add_shrink", "float16").status == (
-        "not supported: elsewhere cannot run here (see above); as defined: derived from kernels (lora_shrink)"
+        "not supported: elsewhere cannot run here (see above); as defined: derived from kernels (lora_shrink) by the lora composition"
     )
 
 

@@ -136,6 +136,7 @@ class LoRAEngine:
         else:
             self.moe_variant = self.variant if moe_variant == variant else VARIANTS[moe_variant](self.stacks, self.layer.prepare)
         self._merge = self.layer.prepare(writeback.merge)
+        self._merge_blocks = self.layer.prepare(writeback.merge_blocks)
         self._add_bias = self.layer.prepare(writeback.add_bias)
         self._accumulate = self.layer.prepare(writeback.accumulate)
         self._replace = self.layer.prepare(writeback.replace)
@@ -259,9 +260,12 @@ class LoRAEngine:
             if pairs.padded == 0:
                 return
             x_rows = pad_rows(x, pairs.padded // pairs_per_row)
-            deltas = self.moe_variant.deltas(x_rows, a_stacks, b_stacks, pairs, pairs_per_row, weight)
+            pair_at, position, deltas = self.moe_variant.deltas(x_rows, a_stacks, b_stacks, pairs, pairs_per_row, weight)
             for s, delta in enumerate(deltas):
-                self._finish(_columns(out, offset + s * width, width), delta, pairs.rows(1), add_inputs, None)
+                target = _columns(out, offset + s * width, width)  # only the slice's columns are read and written
+                # the padded rows plus the dump row that empty block positions write (writeback.merge_blocks)
+                scratch = pad_rows(target, pairs.padded + 1)
+                self._write(target, self._merge_blocks(scratch, delta, pair_at, position, pairs.served, add_inputs), pairs.rows(1))
             return
         x_pairs = pad_rows(x, pairs.padded // pairs_per_row)
         if pairs_per_row > 1:  # w13: each pair reads its token's row

@@ -5,10 +5,11 @@ vllm-gaudi (github.com/vllm-project/vllm-gaudi, not on PyPI) runs LoRA with
 for the matmuls and reads a process-global mask, ``vllm_gaudi.extension.ops.LoraMask``, that the
 model runner sets per step: ``[T, L·R]`` in the LoRA dtype, 1 in the row's slot block
 (``create_lora_mask``), and a separate one with one row per sampled row before the logits
-(docs/gaudi-lora.md §2, §3). This target stands in for the runner: before every call it builds
-that mask from the suite's mapping and sets it, then calls the plugin's method unchanged. Older stacks
-(the in-tree ``vllm.lora.punica_wrapper.punica_hpu`` with ``vllm_hpu_extension.ops.LoraMask``) are
-tried too; the wrapper API variants (``lora_bias_stacked`` as a positional argument) are adapted.
+(docs/gaudi-lora.md §2, §3). This target is a ``VllmPunicaWrapperTarget`` (construction, metadata and
+forwarding by argument name, so older plugins' positional ``lora_bias_stacked`` needs nothing) that
+stands in for the runner: before every call it builds that mask from the suite's mapping and sets it
+(:meth:`VllmHpuTarget.call_wrapper`), then calls the plugin's method unchanged. Older stacks (the
+in-tree ``vllm.lora.punica_wrapper.punica_hpu`` with ``vllm_hpu_extension.ops.LoraMask``) are tried too.
 
 What the plugin does not implement is reported, not hidden: LoRA bias is declared not supported (the
 HPU runner asserts ``not bias_enabled``); ``add_shrink`` / ``add_expand`` raise ``NotImplementedError``
@@ -23,16 +24,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
 from typing import Any, ClassVar
 
 import torch
 
-from conformance.reference import LoRAMapping
-
-from .._vllm import lora_index_to_id, vllm_lora_mapping
-from ..base import Target, TargetUnavailable
-from ..classification_head import TokenHeadFromShrink
+from ..base import TargetUnavailable
+from ..vllm_wrapper import VllmPunicaWrapperTarget
 from .buckets import BucketPolicy
 from .device import BRIDGE, BRIDGE_DESCRIPTION, HpuDeviceLayer, load_runtime, requested_mode
 from .rows import PaddedRows
@@ -41,6 +38,15 @@ from .stacks import as_3d
 TARGET = "vllm-hpu"
 PLUGIN = "vllm_gaudi"
 PLUGIN_DESCRIPTION = "vllm_gaudi (vLLM's Gaudi plugin, not on PyPI: install it from github.com/vllm-project/vllm-gaudi)"
+# The LoraMask the runner sets before each method: built over which rows (the tokens, or the sampled rows
+# before the logits), from which stack (its first slice where it is a tuple), whose dim holds the rank.
+MASKS = {
+    "add_shrink": ("token_slots", "lora_a_stacked", 1),
+    "add_expand": ("token_slots", "lora_b_stacked", 2),
+    "add_lora_embedding": ("token_slots", "lora_b_stacked", 2),
+    "add_lora_linear": ("token_slots", "lora_a_stacked", 1),
+    "add_lora_logits": ("sampled_slots", "lora_a_stacked", 1),
+}
 WRAPPER_MODULES = ("vllm_gaudi.lora.punica_wrapper.punica_hpu", "vllm.lora.punica_wrapper.punica_hpu")
 MASK_MODULES = ("vllm_gaudi.extension.ops", "vllm_hpu_extension.ops")
 
@@ -73,7 +79,7 @@ def _import_first(names: tuple[str, ...], attribute: str) -> Any:
     raise TargetUnavailable(f"target {TARGET!r}: cannot find {attribute} in the installed vllm-gaudi ({'; '.join(errors)})")
 
 
-class VllmHpuTarget(TokenHeadFromShrink, Target):
+class VllmHpuTarget(VllmPunicaWrapperTarget):
     name = TARGET
     description = "the installed vllm-gaudi plugin's PunicaWrapperHPU (global LoraMask) on Intel Gaudi"
     generation_engine = "vllm"  # end to end: the real engine, LLM(enable_lora=True)
@@ -93,7 +99,6 @@ class VllmHpuTarget(TokenHeadFromShrink, Target):
             "lora_shrink", "lora_expand", "lora_shrink_fp8", "lora_expand_fp8",
         )
     }
-    wrapper_class: ClassVar[type | None] = None
     mask_holder: ClassVar[Any] = None
 
     @classmethod
@@ -104,6 +109,7 @@ class VllmHpuTarget(TokenHeadFromShrink, Target):
         load_runtime(requested_mode(), cls.name)  # configures and loads the bridge before the plugin imports it
         cls.wrapper_class = _import_first(WRAPPER_MODULES, "PunicaWrapperHPU")
         cls.mask_holder = _import_first(MASK_MODULES, "LoraMask")
+        super().check_available()
 
     @classmethod
     def default_device(cls) -> torch.device:
@@ -112,32 +118,17 @@ class VllmHpuTarget(TokenHeadFromShrink, Target):
     def __init__(self) -> None:
         super().__init__()
         self.layer = HpuDeviceLayer(load_runtime(requested_mode(), self.name), requested_mode())
-        self.wrapper = None
-        self.mapping: LoRAMapping | None = None
 
     def unsupported_reason(self, case) -> str | None:
-        if (reason := super().unsupported_reason(case)) is not None:  # the base's reasons first
-            return reason
-        if case.bias:
+        # after the op and the dtype, before the wrapper's own signature: the runner refuses bias altogether
+        if case.bias and case.op in self.implemented_ops() and case.torch_dtype in self.dtypes:
             return "vllm-gaudi has no LoRA bias (its HPU model runner asserts not lora_config.bias_enabled)"
-        return None
+        return super().unsupported_reason(case)
 
     def synchronize(self) -> None:
         self.layer.synchronize()
 
-    # -- the runner's part: mapping and masks -------------------------------------------------
-
-    def update_metadata(self, mapping: LoRAMapping) -> None:
-        self.mapping = mapping
-        tokens = max(len(mapping.token_slots), len(mapping.sampled_slots), 1)
-        self.wrapper = self.wrapper_class(tokens, max(len(mapping.seq_lens), 1), self.device)
-        arguments = dict(vocab_size=1)
-        if "extra_vocab_size" in inspect.signature(self.wrapper.update_metadata).parameters:
-            arguments["extra_vocab_size"] = 0
-        # vLLM's model manager passes lora_slots + 1 as max_loras.
-        self.wrapper.update_metadata(
-            vllm_lora_mapping(mapping), lora_index_to_id(mapping.num_slots), mapping.num_slots + 1, **arguments
-        )
+    # -- the runner's part: the masks ---------------------------------------------------------------
 
     def _set_mask(self, slots: tuple[int, ...], stack: torch.Tensor, rank_dim: int) -> None:
         """Set the plugin's global LoraMask as its runner would: ``[rows, L·R]`` in the LoRA dtype."""
@@ -147,45 +138,11 @@ class VllmHpuTarget(TokenHeadFromShrink, Target):
         setter = getattr(self.mask_holder, "setLoraMask", None) or self.mask_holder.set_lora_mask
         setter(mask)
 
-    def _call(self, method: str, *args, **kwargs) -> None:
-        getattr(self.wrapper, method)(*args, **kwargs)
+    def call_wrapper(self, method: str, arguments: dict[str, Any], lora_bias_stacked=None, extra=None) -> None:
+        """The plugin's method as its runner calls it: the LoraMask of this method's rows set first."""
+        if method in MASKS:
+            rows, stack_name, rank_dim = MASKS[method]
+            stack = arguments[stack_name]
+            self._set_mask(getattr(self.mapping, rows), stack[0] if isinstance(stack, tuple | list) else stack, rank_dim)
+        super().call_wrapper(method, arguments, lora_bias_stacked, extra)
         self.layer.after_op()
-
-    def _takes_bias(self, method: str) -> bool:
-        return "lora_bias_stacked" in inspect.signature(getattr(self.wrapper, method)).parameters
-
-    # -- the wrapper methods ------------------------------------------------------------------
-
-    def token_lora_slots(self) -> torch.Tensor:
-        return self.wrapper.token_lora_indices  # what vLLM's token head reads
-
-    def add_shrink(self, y, x, lora_a_stacked, scale, **kwargs):
-        self._set_mask(self.mapping.token_slots, lora_a_stacked[0], 1)
-        self._call("add_shrink", y, x, lora_a_stacked, scale, **kwargs)
-
-    def add_expand(
-        self, y, x, lora_b_stacked, output_slices, offset_start=0, add_inputs=True, *, lora_bias_stacked=None, **kwargs
-    ):
-        self._set_mask(self.mapping.token_slots, lora_b_stacked[0], 2)
-        if self._takes_bias("add_expand"):  # older plugin: lora_bias_stacked positional before output_slices
-            self._call("add_expand", y, x, lora_b_stacked, lora_bias_stacked, output_slices, offset_start, add_inputs, **kwargs)
-        else:
-            self._call("add_expand", y, x, lora_b_stacked, output_slices, offset_start, add_inputs, **kwargs)
-
-    def add_lora_embedding(self, y, x, lora_b_stacked, add_inputs=True, **kwargs):
-        self._set_mask(self.mapping.token_slots, lora_b_stacked, 2)
-        self._call("add_lora_embedding", y, x, lora_b_stacked, add_inputs, **kwargs)
-
-    def add_lora_linear(
-        self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, *, buffer=None, lora_bias_stacked=None, **kwargs
-    ):
-        self._set_mask(self.mapping.token_slots, lora_a_stacked[0], 1)
-        stacks = (lora_a_stacked, lora_b_stacked)
-        if self._takes_bias("add_lora_linear"):  # older plugin: lora_bias_stacked positional before scale
-            self._call("add_lora_linear", y, x, *stacks, lora_bias_stacked, scale, output_slices, buffer=buffer, **kwargs)
-        else:
-            self._call("add_lora_linear", y, x, *stacks, scale, output_slices, buffer=buffer, **kwargs)
-
-    def add_lora_logits(self, y, x, lora_a_stacked, lora_b_stacked, scale, *, buffer=None, **kwargs):
-        self._set_mask(self.mapping.sampled_slots, lora_a_stacked, 1)
-        self._call("add_lora_logits", y, x, lora_a_stacked, lora_b_stacked, scale, buffer=buffer, **kwargs)

@@ -208,7 +208,8 @@ def test_inf_in_a_slot_and_expert_no_pair_uses_changes_nothing():
 def _late_positions(plan):
     def mutated(*args):
         pair_at, position, block_group = plan(*args)
-        return pair_at, position + 1, block_group  # every pair reads its neighbour's block position
+        # every pair reads its neighbour's block position (both views of the plan: the write-back uses either)
+        return pair_at.roll(1), position + 1, block_group
 
     return mutated
 
@@ -218,13 +219,13 @@ def _neighbouring_group(index):
 
 
 def _no_routing_weight(delta):
-    return lambda *args: delta(*args[:-1], None)
+    return lambda *args: delta(*args[:6], None)  # slice_delta's block_weight: the routing weight per position
 
 
 MUTATIONS = {
-    "positions one late": ("block_plan", _late_positions),
-    "weights of the next group": ("stack_index", _neighbouring_group),
-    "routing weight dropped": ("slice_delta", _no_routing_weight),
+    "positions one late": (grouped_moe, "block_plan", _late_positions),
+    "weights of the next group": (grouped_moe, "stack_index", _neighbouring_group),
+    "routing weight dropped": (grouped_moe, "slice_delta", _no_routing_weight),
 }
 
 
@@ -235,7 +236,7 @@ def test_the_suites_moe_cases_catch_a_broken_grouped_variant(monkeypatch, mutati
     cases = [(i, c) for i, c in profile_cases("smoke", ops=("add_lora_w2",)) if c.num_tokens * c.top_k >= 8][:6]
     assert cases
     assert all(run_case(HpuEmulatedTarget(), c, i).outcome is Outcome.PASS for i, c in cases)
-    name, mutate = MUTATIONS[mutation]
-    monkeypatch.setattr(grouped_moe, name, mutate(getattr(grouped_moe, name)))
+    module, name, mutate = MUTATIONS[mutation]
+    monkeypatch.setattr(module, name, mutate(getattr(module, name)))
     outcomes = [run_case(HpuEmulatedTarget(), c, i).outcome for i, c in cases]
     assert any(o is not Outcome.PASS for o in outcomes), f"{mutation}: every case passed"

@@ -19,22 +19,19 @@ pytest.importorskip("vllm.lora.punica_wrapper.punica_base", reason="needs vLLM (
 
 from conformance.generator import profile_cases
 from conformance.reference import LoRAMapping, PunicaWrapperReference
-from conformance.targets._vllm import VllmWrapperMethods, import_vllm_module, lora_index_to_id, vllm_lora_mapping
-from conformance.targets.base import WRAPPER_OPS, Target
+from conformance.targets._vllm import import_vllm_module
+from conformance.targets.base import WRAPPER_OPS
 from conformance.targets.hpu.vllm_wrapper import make_vllm_punica_wrapper_class
+from conformance.targets.vllm_wrapper import VllmPunicaWrapperTarget
 from conformance.verdict import Outcome
 
 PunicaWrapperBase = import_vllm_module("vllm.lora.punica_wrapper.punica_base", "test").PunicaWrapperBase
 
 
-class VllmSubclassTarget(VllmWrapperMethods, Target):
+class VllmSubclassTarget(VllmPunicaWrapperTarget):
     """The vLLM subclass driven exactly like the ``cpu`` target drives vLLM's PunicaWrapperCPU."""
 
     name = "hpu-vllm-subclass"
-
-    def __init__(self, variant: str) -> None:
-        self.wrapper_class = make_vllm_punica_wrapper_class(variant)
-        super().__init__()
 
     def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
                      expert_map=None, offset=0, add_inputs=True):
@@ -60,11 +57,10 @@ class VllmSubclassTarget(VllmWrapperMethods, Target):
                                  shapes, shapes, k, lora_a_stacked[0].size(0), adapter_enabled, k, offset > 0, offset // width,
                                  False, add_inputs=add_inputs)
 
-    def update_metadata(self, mapping: LoRAMapping) -> None:
-        tokens = max(len(mapping.token_slots), len(mapping.sampled_slots), 1)
-        self.wrapper = self.wrapper_class(tokens, max(len(mapping.seq_lens), 1), self.device)
-        # vLLM's model manager passes lora_slots + 1 as max_loras.
-        self.wrapper.update_metadata(vllm_lora_mapping(mapping), lora_index_to_id(mapping.num_slots), mapping.num_slots + 1, 1)
+
+def vllm_subclass_target(variant: str) -> VllmSubclassTarget:
+    """The target over ``variant``'s class (a class attribute: check_available reads it there)."""
+    return type(f"VllmSubclassTarget[{variant}]", (VllmSubclassTarget,), {"wrapper_class": make_vllm_punica_wrapper_class(variant)})()
 
 
 def test_the_class_is_a_vllm_punica_wrapper():
@@ -78,7 +74,7 @@ def test_the_class_is_a_vllm_punica_wrapper():
 @pytest.mark.slow  # every wrapper smoke case
 @pytest.mark.parametrize("variant", ["mask", "gather"])
 def test_smoke_wrapper_cases_pass_through_the_vllm_subclass(variant):
-    target = VllmSubclassTarget(variant)
+    target = vllm_subclass_target(variant)
     assert target.supports_bias()
     # vLLM's MoE signatures place a shard's columns only at shard_size · tp_rank (w2) or nowhere (w13)
     cases = [(i, c) for i, c in profile_cases("smoke", ops=WRAPPER_OPS) if not (c.is_moe and c.offset_start)]
