@@ -1,8 +1,9 @@
 """The "full target" starting point of docs/bring-up.md: ``examples/full-target-backend``.
 
-* installed (``scripts/install-cpu-env`` does it), it is registered as ``full-target-example`` and its op
-  cases of the smoke profile pass the gate, run as a vendor runs them (pytest in a subprocess), with
-  nothing "not supported" but the ops it leaves out on purpose;
+* installed (``scripts/install-cpu-env`` does it), it is registered as ``full-target-example`` and passes
+  the smoke gate, run as a vendor runs it (pytest in a subprocess): the tensor-parallel and end-to-end
+  cases pass on its five methods (the MoE ones are not supported), and no op case is "not supported"
+  but the ops it leaves out;
 * a fault seeded into it (LoRA bias scaled with the adapter, a classic misreading of vLLM's bias) is
   caught by those same cases, and only by the ones with LoRA bias.
 """
@@ -26,16 +27,21 @@ def example_class():
     return installed_example("full_target_backend", "FullTargetExample", "full-target-backend")
 
 
-def test_its_op_cases_pass_the_smoke_gate(tmp_path, example_class):
+@pytest.mark.integration  # the example backend's whole smoke run, as a vendor runs it (about 3 minutes on 2 busy cores)
+def test_it_passes_the_smoke_gate(tmp_path, example_class):
     report = tmp_path / "report"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "conformance", "--target=full-target-example", "--profile=smoke",
-         "-m", "not tp and not e2e", f"--report-dir={report}", "-q", "-p", "no:cacheprovider"],
+         f"--report-dir={report}", "-q", "-p", "no:cacheprovider"],
         capture_output=True, text=True, cwd=tmp_path, timeout=1800,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((report / "results.json").read_text())["results"]
-    outcomes = {(r["op"], r["outcome"]) for r in results}
+    # the tensor-parallel and end-to-end cases run on its five methods; only the MoE ones need what it left out
+    layers_and_models = [r for r in results if r["level"] in ("layer", "model")]
+    assert any(r["outcome"] == Outcome.PASS.value for r in layers_and_models)
+    assert all(r["outcome"] == Outcome.PASS.value or "add_lora_w13" in r["message"] for r in layers_and_models)
+    outcomes = {(r["op"], r["outcome"]) for r in results if r["level"] in ("kernel", "wrapper")}
     left_out = set(example_class.why_not_implemented)
     implemented = {op for op, outcome in outcomes if outcome == Outcome.PASS.value}
     assert implemented == {"add_shrink", "add_expand", "add_lora_linear", "add_lora_embedding", "add_lora_logits"}

@@ -37,7 +37,9 @@ from conformance.targets.vllm_wrapper import VllmPunicaWrapperTarget
 from conformance.verdict import Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
-GATE_OPS = ("add_lora_linear", "add_lora_logits")  # both deviations the example fixes show in these
+# the wrapper methods FixedPunicaWrapperCPU implements (PunicaWrapperCPU has no MoE LoRA)
+WRAPPER_METHODS = ("add_shrink", "add_expand", "add_lora_linear", "add_lora_embedding", "add_lora_logits",
+                   "apply_lora_full_linear", "token_classification_head")
 
 
 @pytest.fixture(scope="module")
@@ -83,24 +85,29 @@ def test_the_example_is_registered_and_states_the_vllm_it_runs_on(example_class,
     assert "add_lora_w13" not in facts.methods and "PunicaWrapperBase.add_lora_w13" in facts.why_not_implemented["add_lora_w13"]
 
 
+@pytest.mark.integration  # the example backend's whole smoke run, as a vendor runs it (about 3 minutes on 2 busy cores)
 def test_the_example_passes_the_smoke_gate(example_class, tmp_path):
     completed = subprocess.run(
         [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "--target=vllm-wrapper-example",
-         "--profile=smoke", "-k", " or ".join(GATE_OPS), "--report-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+         "--profile=smoke", "--report-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
     )
     assert completed.returncode == 0, completed.stdout[-3000:]
     report = json.loads((tmp_path / "results.json").read_text())
     counts = report["gate"]["counts"]
     assert report["gate"]["passed"] and counts["fail"] == counts["broken"] == counts["known failure"] == 0, counts
     results = report["results"]
-    assert {r["op"] for r in results} == set(GATE_OPS) and counts["pass"] > 100
+    forwarded = [r for r in results if r["op"] in WRAPPER_METHODS]  # what the wrapper class implements
+    assert {r["op"] for r in forwarded if r["outcome"] == "pass"} == set(WRAPPER_METHODS)
     # what vLLM 0.32's own PunicaWrapperCPU gets wrong (the cpu target's expectations) passes here
-    claimed = [r for r in results if "bias" not in r["features"]]
+    claimed = [r for r in forwarded if "bias" not in r["features"]]
     assert {r["outcome"] for r in claimed if "no_add_inputs" in r["features"]} == {"pass"}
     assert {r["outcome"] for r in claimed if {"neg1", "allneg1"} & set(r["features"])} == {"pass"}
-    # and all it declines is LoRA bias, which vLLM 0.32's wrapper API does not carry
-    assert all("no lora_bias_stacked" in r["message"] for r in results if r["outcome"] == "not supported")
+    # of those, all it declines is LoRA bias, which vLLM 0.32's wrapper API does not carry
+    assert all("no lora_bias_stacked" in r["message"] for r in forwarded if r["outcome"] == "not supported")
+    # every other op case is not supported, each with the reason the target states (kernels, MoE)
+    others = [r for r in results if r["level"] in ("kernel", "wrapper") and r["op"] not in WRAPPER_METHODS]
+    assert others and {r["outcome"] for r in others} == {"not supported"}
 
 
 # -- a seeded fault in the wrapper is caught -------------------------------------------------------
