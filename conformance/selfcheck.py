@@ -101,7 +101,7 @@ def environment_checks() -> list[Check]:
             if applies_here(requirement):
                 extras.setdefault(extra, []).append(name)
             continue
-        if name == "torch":
+        if name == "torch" or not applies_here(requirement):  # tomli: only below Python 3.11
             continue
         version = installed_version(name)
         checks.append(Check(OK, name, version) if version else

@@ -126,7 +126,7 @@ def _category(result: dict, categories: list[dict]) -> str:
     message = (result.get("statusDetails") or {}).get("message", "")
     for category in categories:
         if result["status"] in category["matchedStatuses"] and re.fullmatch(category.get("messageRegex", "(?s).*"), message):
-            return category["name"].split(" (")[0]
+            return category["name"].rsplit(" (", 1)[0]  # less its "(kind; N cases in M ops)"; a title may hold parentheses
     return "none"
 
 
