@@ -15,7 +15,8 @@ keyword ``lora_bias_stacked``; current vLLM passes none) and
 ``add_inputs=False`` for embeddings, and keeps NaN/Inf of unused slots out of other rows.
 
 Device: ``hpu`` (the Habana runtime must load, see ``device``) or ``cpu`` (the emulation, used by the
-tests). Options: ``variant`` (``"mask"`` | ``"gather"``) and ``buckets``.
+tests). Options: ``variant`` (``"mask"`` | ``"gather"``), ``moe_variant`` (``"grouped"``, the default, |
+``"mask"`` | ``"gather"``: docs/hpu.md, MoE) and ``buckets``.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def device_layer_for(device: torch.device | str):
 
 
 @functools.cache
-def make_vllm_punica_wrapper_class(variant: str = "mask", buckets: BucketPolicy | None = None) -> type:
-    """A ``PunicaWrapperBase`` subclass whose LoRA math is this package's (vLLM must be importable)."""
+def make_vllm_punica_wrapper_class(variant: str = "mask", buckets: BucketPolicy | None = None, moe_variant: str = "grouped") -> type:
+    """A ``PunicaWrapperBase`` subclass whose LoRA math is this package's (vLLM must be importable): the dense
+    ops by ``variant``, the fused-MoE ones by ``moe_variant`` (grouped by default, as the ``hpu`` targets)."""
     base = importlib.import_module("vllm.lora.punica_wrapper.punica_base").PunicaWrapperBase
 
     class PunicaWrapperHPUMasked(base):
@@ -50,7 +52,7 @@ def make_vllm_punica_wrapper_class(variant: str = "mask", buckets: BucketPolicy 
 
         def __init__(self, max_num_batched_tokens: int, max_batches: int, device: torch.device | str, **kwargs):
             base.__init__(self, max_num_batched_tokens, max_batches, device, **kwargs)
-            self.hpu = HpuPunicaWrapper(LoRAEngine(variant, buckets, device_layer_for(device)))
+            self.hpu = HpuPunicaWrapper(LoRAEngine(variant, buckets, device_layer_for(device), moe_variant))
 
         def update_metadata(self, mapping, lora_index_to_id, max_loras, vocab_size, *args, **kwargs):
             base.update_metadata(self, mapping, lora_index_to_id, max_loras, vocab_size, *args, **kwargs)

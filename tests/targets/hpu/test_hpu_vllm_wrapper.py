@@ -58,9 +58,10 @@ class VllmSubclassTarget(VllmPunicaWrapperTarget):
                                  False, add_inputs=add_inputs)
 
 
-def vllm_subclass_target(variant: str) -> VllmSubclassTarget:
-    """The target over ``variant``'s class (a class attribute: check_available reads it there)."""
-    return type(f"VllmSubclassTarget[{variant}]", (VllmSubclassTarget,), {"wrapper_class": make_vllm_punica_wrapper_class(variant)})()
+def vllm_subclass_target(variant: str, moe_variant: str = "grouped") -> VllmSubclassTarget:
+    """The target over the class of ``variant`` and ``moe_variant`` (a class attribute: check_available reads it there)."""
+    wrapper_class = make_vllm_punica_wrapper_class(variant, moe_variant=moe_variant)
+    return type(f"VllmSubclassTarget[{variant}, {moe_variant}]", (VllmSubclassTarget,), {"wrapper_class": wrapper_class})()
 
 
 def test_the_class_is_a_vllm_punica_wrapper():
@@ -72,9 +73,9 @@ def test_the_class_is_a_vllm_punica_wrapper():
 
 
 @pytest.mark.slow  # every wrapper smoke case
-@pytest.mark.parametrize("variant", ["mask", "gather"])
-def test_smoke_wrapper_cases_pass_through_the_vllm_subclass(variant):
-    target = vllm_subclass_target(variant)
+@pytest.mark.parametrize(("variant", "moe_variant"), [("mask", "grouped"), ("gather", "gather"), ("mask", "mask")])
+def test_smoke_wrapper_cases_pass_through_the_vllm_subclass(variant, moe_variant):
+    target = vllm_subclass_target(variant, moe_variant)
     assert target.supports_bias()
     # vLLM's MoE signatures place a shard's columns only at shard_size · tp_rank (w2) or nowhere (w13)
     cases = [(i, c) for i, c in profile_cases("smoke", ops=WRAPPER_OPS) if not (c.is_moe and c.offset_start)]
