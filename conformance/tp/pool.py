@@ -50,6 +50,17 @@ def _raised(value) -> tuple[str, str | None]:
     return safe_text(value), None
 
 
+def _answered(member: WorkerProcess) -> bool:
+    """Whether an exited rank left an answer in its pipe (read here: the pool is ending) rather than only its end."""
+    if not member.poll(0):
+        return False
+    try:
+        member.read()
+    except (EOFError, OSError):
+        return False
+    return True
+
+
 class RankPool:
     """``tp_size`` rank processes of one target; ``run(case, timeout)`` returns rank 0's gathered output.
 
@@ -131,7 +142,7 @@ class RankPool:
                 if kind == Tag.OK or kind == Tag.READY:
                     answers[rank] = value
                     continue
-                crashed = self._dead_peer()
+                crashed = self._dead_peer(rank)
                 if crashed is not None:
                     self._crashed(crashed, doing)
                 self.close(kill=True)
@@ -141,13 +152,20 @@ class RankPool:
                 raise RankFailure(FailureKind.RAISED, f"rank {rank} of {self.tp_size} raised while {doing}: {text}", (rank,), traceback)
         return [answers[rank] for rank in range(self.tp_size)]
 
-    def _dead_peer(self) -> int | None:
-        """A rank that exited, if one did shortly after another raised (its peers' errors are then its echo)."""
+    def _dead_peer(self, raised: int) -> int | None:
+        """A rank that died without an answer shortly after ``raised`` raised (its peers' errors are then its echo).
+
+        Not ``raised`` itself, nor a rank whose answer is waiting in its pipe: a rank that raises while the
+        pool starts answers, then exits by design (``conformance.tp.rank``), and its exit is no crash."""
         deadline = time.monotonic() + CRASH_GRACE
+        answered = {raised}  # an answer is read once: remembered, as the pipe then holds only its end
         while time.monotonic() < deadline:
             for rank, member in enumerate(self._ranks):
-                if not member.alive:
+                if rank in answered or member.alive:
+                    continue
+                if not _answered(member):
                     return rank
+                answered.add(rank)
             time.sleep(0.05)
         return None
 
