@@ -142,15 +142,12 @@ def cheapest_per_op(entries, methods: tuple[str, ...], dtypes: tuple[str, ...]) 
     """Of the op cases among ``entries``, the cheapest of every op in ``methods`` in a claimed dtype."""
     from conformance.levels import OP, kind_of
 
-    def cost(case) -> int:
-        return case.num_tokens * max(case.hidden_size, case.output_width) * case.max_rank * case.num_slices
-
     cheapest: dict[str, tuple] = {}
     for entry in entries:
         case = entry[1]
         if kind_of(case) is not OP or case.op not in methods or case.dtype not in dtypes:
             continue
-        if case.op not in cheapest or cost(case) < cost(cheapest[case.op][1]):
+        if case.op not in cheapest or case.cost < cheapest[case.op][1].cost:
             cheapest[case.op] = entry
     return [cheapest[op] for op in sorted(cheapest)]
 
@@ -196,7 +193,8 @@ def self_check(target: str | None, out=sys.stdout) -> int:
         print("\nself-check FAILED: fix the environment first (the lines marked FAIL say how)", file=out)
         return 1
     with tempfile.TemporaryDirectory(prefix="lora-conformance-self-check-") as scratch:
-        for name, gate in (("reference", True), *(((target, False),) if target else ())):
+        # the reference first, gated; then the target (the reference once, were it named as the target too)
+        for name, gate in (("reference", True), *(((target, False),) if target and target != "reference" else ())):
             loaded, results = judged_cases(name, Path(scratch) / name)
             for check in [*loaded, *case_checks(name, results, gate=gate)]:
                 print(check.line(), file=out)

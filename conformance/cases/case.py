@@ -198,6 +198,12 @@ class Case:
     def num_slices(self) -> int:
         return len(self.output_slices)
 
+    @property
+    def cost(self) -> int:
+        """How big the case is, to pick small ones first: tokens × the wider of hidden size and output width ×
+        rank × slices (a size, not a FLOP count)."""
+        return self.num_tokens * max(self.hidden_size, self.output_width) * self.max_rank * self.num_slices
+
     # -- routing (MoE cases) -------------------------------------------------------------------
 
     @property

@@ -167,19 +167,11 @@ class TPCase:
 
     def features(self) -> frozenset[str]:
         """Names the expectations and the report match on: the TP size, the sharding, and the batch's rows."""
-        used = {s for s in self.seq_slots if s != -1}
-        found = {
-            f"tp{self.tp_size}": True,
+        return batch_features(self, {
             "fully_sharded": self.fully_sharded,
             "kv_replicated": self.replica_groups > 1,
             "many_slices": self.num_slices >= 4,
-            "neg1": -1 in self.seq_slots and bool(used),
-            "allneg1": not used,
-            "last_slot": self.num_slots - 1 in used,
-            "decode": not self.is_prefill,
-            "prefill": self.is_prefill,
-        }
-        return frozenset(name for name, present in found.items() if present)
+        })
 
     # -- serialization -------------------------------------------------------------------------
 
@@ -218,6 +210,22 @@ def _field_value(name: str, value, kind):
 
 
 _DERIVED = ("op", "output_width")  # written for readers of results.json (the report's clusters read these names)
+
+
+def batch_features(case, own: dict[str, bool]) -> frozenset[str]:
+    """A tensor-parallel case's features (:class:`TPCase`, ``MoETPCase``): its TP size, the rows of its batch
+    (``neg1``, ``allneg1``, ``last_slot``), decode or prefill, and the kind's ``own`` features that hold."""
+    used = {s for s in case.seq_slots if s != -1}
+    found = {
+        f"tp{case.tp_size}": True,
+        **own,
+        "neg1": -1 in case.seq_slots and bool(used),
+        "allneg1": not used,
+        "last_slot": case.num_slots - 1 in used,
+        "decode": not case.is_prefill,
+        "prefill": case.is_prefill,
+    }
+    return frozenset(name for name, present in found.items() if present)
 
 
 def case_to_json(case) -> dict:

@@ -20,7 +20,7 @@ from functools import cached_property
 
 from conformance.cases.case import DTYPES, SHORT_DTYPE
 
-from .case import case_from_json, case_to_json
+from .case import batch_features, case_from_json, case_to_json
 
 MOE_LAYERS = ("moe_w13", "moe_w2")
 """``moe_w13``: the gate/up LoRA (``add_lora_w13``, gate and up as two slices of ``I``, or one fused
@@ -148,19 +148,12 @@ class MoETPCase:
 
     def features(self) -> frozenset[str]:
         used = {s for s in self.seq_slots if s != -1}
-        found = {
-            f"tp{self.tp_size}": True,
+        return batch_features(self, {
             "moe_tp": True,
             "padded_intermediate": self.padding > 0,
             "moe_fused_slice": self.fused_w13,
             "moe_disabled": bool(used & set(self.disabled_slots)),
-            "neg1": -1 in self.seq_slots and bool(used),
-            "allneg1": not used,
-            "last_slot": self.num_slots - 1 in used,
-            "decode": not self.is_prefill,
-            "prefill": self.is_prefill,
-        }
-        return frozenset(name for name, present in found.items() if present)
+        })
 
     # -- serialization -------------------------------------------------------------------------
 

@@ -70,11 +70,8 @@ def smoke_cases() -> list[tuple[str, Case]]:
 
 @pytest.fixture(scope="module")
 def cheapest_per_op(smoke_cases) -> dict[str, tuple[str, Case]]:
-    def cost(case: Case) -> int:
-        return case.num_tokens * max(case.hidden_size, case.output_width) * case.max_rank * case.num_slices
-
     cheapest: dict[str, tuple[str, Case]] = {}
-    for case_id, case in sorted(smoke_cases, key=lambda pair: cost(pair[1])):
+    for case_id, case in sorted(smoke_cases, key=lambda pair: pair[1].cost):
         cheapest.setdefault(case.op, (case_id, case))
     assert set(cheapest) == set(ALL_OPS)
     return cheapest

@@ -62,12 +62,9 @@ def smoke_cases() -> list[tuple[str, Case]]:
 
 def cheapest(smoke_cases, op: str, count: int, where=lambda case: True) -> list[tuple[str, Case]]:
     """The ``count`` cheapest smoke cases of ``op`` (float16 and float32: what the example claims) meeting ``where``."""
-    def cost(case: Case) -> int:
-        return case.num_tokens * max(case.hidden_size, case.output_width) * case.max_rank * case.num_slices
-
     chosen = [(case_id, case) for case_id, case in smoke_cases
               if case.op == op and case.dtype in ("float16", "float32") and where(case)]
-    return sorted(chosen, key=lambda pair: cost(pair[1]))[:count]
+    return sorted(chosen, key=lambda pair: pair[1].cost)[:count]
 
 
 def small_bgmv_shrink_arguments() -> tuple:

@@ -38,14 +38,10 @@ from conformance.verdict import FailureKind, Outcome
 from conformance.verdict.tolerances import SYSTEMATIC_THRESHOLDS
 
 
-def _cost(case: Case) -> int:
-    return case.num_tokens * max(case.hidden_size, case.output_width) * case.max_rank * case.num_slices
-
-
 @pytest.fixture(scope="module")
 def smoke_cases() -> list[tuple[str, Case]]:
     """The smoke profile (run seed 0), cheapest cases first so a fault is usually caught in seconds."""
-    return sorted(profile_cases("smoke"), key=lambda pair: _cost(pair[1]))
+    return sorted(profile_cases("smoke"), key=lambda pair: pair[1].cost)
 
 
 def first_failure(target, cases) -> tuple[CaseResult | None, int, list[str]]:
