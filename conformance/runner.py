@@ -37,21 +37,25 @@ def make_values(case: Case) -> Tensors:
     return OP_SPECS[case.op].make_values(case, generator_for(case))
 
 
+# kinds that cost the target's process (it was stopped): no second attempt, no shrinking
+PROCESS_LOST = (FailureKind.CRASHED, FailureKind.TIMED_OUT, FailureKind.MALFORMED_REPLY)
+
+
 def needs_second_attempt(result: CaseResult) -> bool:
-    """A failure the target reported (not a crash or a hang, which cost a process) is attempted again:
+    """A failure the target reported (not a crash, a hang or a refused reply, which cost a process) is attempted again:
     the second attempt tells a consistent failure from a flaky one."""
     return result.outcome in (Outcome.FAIL, Outcome.BROKEN) and not any(
-        kind in (FailureKind.CRASHED, FailureKind.TIMED_OUT) for kind in result.kinds)
+        kind in PROCESS_LOST for kind in result.kinds)
 
 
 def attempted(call: Callable[[], TargetCall], case: Case, case_id: str, values: Tensors, *, require_deterministic: bool = False,
-              second_attempt: bool = True, breakdowns: tuple[type[Exception], ...] = ()) -> CaseResult:
+              second_attempt: bool = True, breakdowns: tuple[type[Exception], ...] = (), expected: Tensors | None = None) -> CaseResult:
     """The verdict on ``case`` from ``call`` (one attempt of the target's half, wherever it runs), attempted a
     second time when the first failed (``needs_second_attempt``). One of ``breakdowns`` (the target's
     process died or hung) from the second attempt leaves the first attempt's verdict, labelled flaky; from
     the first it propagates, for the caller to record the case broken."""
     attempts = [call()]
-    result = judge_op(case, case_id, values, attempts, require_deterministic=require_deterministic)
+    result = judge_op(case, case_id, values, attempts, require_deterministic=require_deterministic, expected=expected)
     if not (second_attempt and needs_second_attempt(result)):
         return result
     try:
@@ -60,7 +64,7 @@ def attempted(call: Callable[[], TargetCall], case: Case, case_id: str, values: 
         result.stability = "flaky"
         result.message += f" (flaky: attempt 2 {exc.kind.value}: {getattr(exc, 'message', None) or exc})"
         return result
-    return judge_op(case, case_id, values, attempts, require_deterministic=require_deterministic)
+    return judge_op(case, case_id, values, attempts, require_deterministic=require_deterministic, expected=expected)
 
 
 def run_case(target, case: Case, case_id: str | None = None, values: Tensors | None = None, *, runs: int = DEFAULT_RUNS,

@@ -3,7 +3,9 @@
 This is all of a case that runs in the target's process (``conformance.isolation``); the referee
 (``conformance.referee``) draws the values before and judges what comes back after, in a process that
 never imports the target. So nothing here decides an outcome: :func:`call_target` only reports what
-happened, as plain data (:class:`TargetCall`, CPU tensors) that crosses a pipe.
+happened, as plain data (:class:`TargetCall`, CPU tensors) that crosses a pipe as a frame of the wire
+(:func:`serve`, the op level's target half); the referee reads it back with :func:`answer`, which
+refuses anything but a well-formed answer to its own request.
 
 What the target gets, per attempt at a case:
 
@@ -20,15 +22,18 @@ the referee can say which one a target wrote into.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from conformance.cases.case import Case
 from conformance.ops import OP_SPECS, Level, OpCall, OpSpec, case_mapping
 from conformance.text import describe_exception, format_traceback
+from conformance.wire import Limits, WireError, from_data, to_data
 
 Tensors = dict[str, torch.Tensor]
 
@@ -45,7 +50,7 @@ class TargetCall:
     :func:`call_target` through :func:`execute` into the target's frames, with the chained causes.
     """
 
-    status: str
+    status: Literal["ran", "raised", "not_supported"]
     message: str = ""
     runs: list[Tensors] = field(default_factory=list)
     seconds: float = 0.0
@@ -53,11 +58,17 @@ class TargetCall:
     traceback: str | None = None
 
 
-def _parameter_names(spec: OpSpec) -> list[str]:
-    parameters = list(inspect.signature(spec.reference).parameters.values())
-    if spec.level == Level.WRAPPER:
+def _parameter_names(spec: OpSpec) -> tuple[str, ...]:
+    return _reference_parameters(spec.reference, spec.level == Level.WRAPPER)
+
+
+@functools.cache
+def _reference_parameters(reference, is_method: bool) -> tuple[str, ...]:
+    """The positional parameters of an op's reference (read once: ``inspect.signature`` costs a case 0.1 ms)."""
+    parameters = list(inspect.signature(reference).parameters.values())
+    if is_method:
         parameters = parameters[1:]  # a method of PunicaWrapperReference: its self
-    return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def call_tensors(spec: OpSpec, call: OpCall) -> dict[str, torch.Tensor]:
@@ -133,3 +144,47 @@ def call_target(target, case: Case, values: Tensors, runs: int = DEFAULT_RUNS) -
         outcome.traceback = format_traceback(exc)  # here: the frames do not cross the pipe, their text does
     outcome.seconds = time.perf_counter() - started
     return outcome
+
+
+# -- across the pipe -------------------------------------------------------------------------------
+
+
+def serve(executor, request: dict) -> dict:
+    """The op level's target half, in the target's process: ``{"case", "values", "runs"}`` → the
+    :class:`TargetCall` of one attempt, as data (``conformance.isolation.local.LocalExecutor.call``)."""
+    return to_data(call_target(executor.target, Case.from_json(request["case"]), request["values"], request["runs"]))
+
+
+def request(case: Case, values: Tensors, runs: int) -> dict:
+    """What the referee sends for one attempt at ``case`` (its values as drawn: the target's half copies them per call)."""
+    return {"case": case.to_json(), "values": values, "runs": runs}
+
+
+REPLY_SLACK = 1 << 20  # bytes beyond twice the handed tensors an answer may declare (a few resized scalars)
+
+
+def reply_limits(expected: Tensors, runs: int) -> Limits:
+    """What an answer to a request for ``runs`` calls may carry: every handed tensor back after each call, each at
+    most twice its size (a target that grows a tensor is judged for it; one that declares more is refused unread)."""
+    size = sum(tensor.numel() * tensor.element_size() for tensor in expected.values())
+    return Limits(tensor_bytes=runs * 2 * size + REPLY_SLACK, tensors=runs * len(expected))
+
+
+def answer(data, expected: Tensors, runs: int) -> TargetCall:
+    """The referee's reading of an answer: a :class:`TargetCall` of the declared types, with ``runs`` calls when it
+    ran, fewer when one raised, none otherwise, each naming only tensors the referee handed over. ``WireError``
+    naming what is wrong otherwise: the case is then broken (``malformed reply``), nothing of it judged."""
+    call = from_data(TargetCall, data, "the op's answer")
+    if call.status == "ran" and len(call.runs) != runs:
+        raise WireError(f"the op's answer ran {len(call.runs)} call(s), not the {runs} asked for")
+    if call.status == "raised" and (call.raised_in != len(call.runs) or len(call.runs) >= runs):
+        raise WireError(f"the op's answer raised in call {call.raised_in} after {len(call.runs)} call(s) of {runs}")
+    if call.status == "not_supported" and call.runs:
+        raise WireError("the op's answer is 'not supported' yet holds calls")
+    for index, run in enumerate(call.runs):
+        unknown = sorted(set(run) - set(expected))
+        if unknown:
+            raise WireError(f"call {index + 1} hands back tensors the referee never handed over: {[n[:40] for n in unknown[:8]]}")
+    if call.seconds < 0:
+        raise WireError(f"the op's answer took {call.seconds} s")
+    return call

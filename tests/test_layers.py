@@ -8,7 +8,8 @@ not an edge of the importing module: the rules below are about what a module nam
 
 * ``conformance.isolation.worker``, the process supervisor shared by the op worker and the
   tensor-parallel ranks, is a leaf: it imports nothing of the suite but the failure kinds
-  (``conformance.verdict``) and the pipe protocol (``conformance.isolation.protocol``).
+  (``conformance.verdict``), the pipe protocol (``conformance.isolation.protocol``) and the wire's frames
+  (``conformance.wire``).
 * ``conformance.tp.pool`` starts its ranks with it and does not import the op executor
   (``conformance.isolation.process``) nor the op runner (``conformance.runner``).
 
@@ -26,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "conformance"
 
-WORKER_MAY_IMPORT = ("conformance.verdict", "conformance.isolation.protocol")
+WORKER_MAY_IMPORT = ("conformance.verdict", "conformance.isolation.protocol", "conformance.wire")
 
 
 def module_name(path: Path) -> str:

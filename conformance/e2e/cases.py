@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conformance.wire import record_from_json, record_to_json
+
 from .generation import Request
 
 KINDS = ("teacher_forced_logits", "greedy_generation", "batch_invariance", "order_invariance")
@@ -119,6 +121,10 @@ class E2ECase:
     dtype: str
     smoke: bool
 
+    def __post_init__(self) -> None:
+        if self.kind not in (*KINDS, TOKEN_CLASSIFICATION) or self.batch not in BATCHES or self.dtype not in E2E_DTYPES:
+            raise ValueError(f"no end-to-end case has kind {self.kind!r}, batch {self.batch!r} and dtype {self.dtype!r}")
+
     @property
     def model(self) -> str:
         return BATCHES[self.batch].model
@@ -173,16 +179,20 @@ class E2ECase:
         }
         return frozenset(name for name, present in found.items() if present)
 
+    @property
+    def max_new_tokens(self) -> int:
+        return MAX_NEW_TOKENS
+
+    # written beside the fields for readers of results.json; from_json checks that they agree
+    DERIVED_JSON = ("model", "max_loras", "requests", "max_new_tokens")
+
     def to_json(self) -> dict:
-        return {
-            "kind": self.kind,
-            "model": self.model,
-            "batch": self.batch,
-            "dtype": self.dtype,
-            "max_loras": self.max_loras,
-            "requests": [{"prompt": r.prompt, "adapter": r.adapter} for r in self.requests],
-            "max_new_tokens": MAX_NEW_TOKENS,
-        }
+        return record_to_json(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> E2ECase:
+        """The case ``to_json`` wrote; ``ValueError`` naming a missing, unknown, mistyped or contradicted field."""
+        return record_from_json(cls, data, "end-to-end case")
 
 
 # (kind, batch, dtype) of the smoke profile: teacher-forced and greedy on the mixed batches, in float32 and

@@ -1,10 +1,12 @@
-"""What a target's process hands the referee for one end-to-end case: plain, picklable data, nothing more.
+"""What a target's process hands the referee for one end-to-end case: plain data, nothing more.
 
 The target's side (:mod:`conformance.e2e.target_runner`) runs the batches a case needs on the target's
 engine and returns an :class:`E2EProduction`; the referee (:mod:`conformance.e2e.referee`) judges it against
 the float64 reference. Neither side hands the other an object the other's code made: the production holds
 :class:`~conformance.e2e.generation.Generation` values rebuilt from ``int``, ``float`` and ``str`` only
-(:func:`plain_generations`), so unpickling it runs no code of the target's and holds no tensor of its.
+(:func:`plain_generations`), crosses the pipe as JSON (``conformance.wire``) and is read back by
+:func:`read_production`, which builds it from the declared types alone and refuses a production of another
+case or with more repetitions than were asked for.
 
 Which batches a case runs (:func:`batch_plan`) is data both sides read: the target's side to run them, the
 referee to check the production has exactly them before it judges a single number.
@@ -13,7 +15,9 @@ referee to check the production has exactly them before it judges a single numbe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Literal, NamedTuple
+
+from conformance.wire import WireError, from_data
 
 from .cases import E2ECase
 from .generation import Generation, Request, Step
@@ -81,7 +85,7 @@ class E2EProduction:
     """
 
     case_id: str
-    status: str
+    status: Literal["ran", "not_supported", "raised"]
     message: str = ""
     seconds: float = 0.0
     repetitions: list[Repetition] = field(default_factory=list)
@@ -112,3 +116,16 @@ def plain_generation(generation) -> Generation:
 
 def plain_generations(generations) -> tuple[Generation, ...]:
     return tuple(plain_generation(g) for g in generations)
+
+
+def read_production(data, case: E2ECase, runs: int) -> E2EProduction:
+    """The referee's reading of a production sent as data: ``WireError`` naming what is wrong (the case is then
+    broken, ``malformed reply``); the referee's judge checks its batches against the plan."""
+    production = from_data(E2EProduction, data, "the production")
+    if production.case_id != case.case_id:
+        raise WireError(f"the production is of case {production.case_id[:200]!r}, not {case.case_id!r}")
+    if production.status == RAN and not 1 <= production.runs <= runs:
+        raise WireError(f"the production holds {production.runs} repetition(s); {runs} were asked for")
+    if production.status != RAN and production.repetitions:
+        raise WireError(f"a production that {production.status} holds repetitions")
+    return production

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from conformance.text import describe_exception, format_traceback
+from conformance.wire import to_data
 
 from .cases import MAX_NEW_TOKENS, PARALLEL_MODEL, TOKCLS_MODEL, TOP_K, E2ECase
 from .decoder_engine import DecoderEngine, encode_prompt
@@ -210,3 +211,12 @@ def _run_plan(engine, case: E2ECase, plan, continuations) -> Repetition:
             generated = plain_generations(engine.generate(chosen, MAX_NEW_TOKENS, TOP_K, case.max_loras))
         runs.append(BatchRun(planned.name, planned.order, scored, generated))
     return tuple(runs)
+
+
+def serve(executor, request: dict) -> dict:
+    """The model level's target half, in the target's process: ``{"case", "continuations", "runs"}`` → the case's
+    :class:`~conformance.e2e.production.E2EProduction`, as data. The engines it builds stay for the next case."""
+    state = executor.state("model")
+    if "runner" not in state:  # op-only runs never read the fixtures
+        state["runner"] = E2ETargetRunner(executor.target)
+    return to_data(state["runner"].produce(E2ECase.from_json(request["case"]), request["continuations"], request["runs"]))

@@ -1,9 +1,11 @@
 """The worker process: ``python -m conformance.isolation.child READ_FD WRITE_FD``.
 
 It loads the target once, then answers calls from its parent (``conformance.isolation.process``) one
-at a time, as ``conformance.isolation.protocol`` says. It never decides an outcome itself; when it
-dies or hangs, the parent does. Before anything else it arranges (``conformance.isolation.worker.prepare_child``,
-as every tensor-parallel rank does) that
+at a time, as ``conformance.isolation.protocol`` says: each ``call`` runs one level's target half
+(``conformance.isolation.local.LocalExecutor.call``) and its answer goes back as a frame of data
+(``conformance.wire``). It never decides an outcome itself; when it dies, hangs or sends what the wire
+refuses, the parent does. Before anything else it arranges
+(``conformance.isolation.worker.prepare_child``, as every tensor-parallel rank does) that
 
 * it dies with its parent (``PR_SET_PDEATHSIG`` on Linux), so a killed run leaves no process holding a
   device;
@@ -14,52 +16,16 @@ as every tensor-parallel rank does) that
 
 from __future__ import annotations
 
-import os
-import pickle
 import sys
-from multiprocessing.connection import Connection
 
-from conformance.isolation.protocol import Tag, dumps
+from conformance.isolation.protocol import Call, RemoteError, Reply, Tag
 from conformance.isolation.worker import prepare_child
-from conformance.text import describe_exception, format_traceback, safe_text
-
-
-def _portable(exc: BaseException, traceback: str | None = None) -> BaseException:
-    """``exc`` with the worker's traceback (``traceback``, else formatted here) as a note; or, when it
-    cannot be pickled or its message is not safe text (``str()`` raises, or it holds surrogates or
-    control characters, or is longer than ``conformance.text.MESSAGE_LIMIT``), a RuntimeError saying the
-    same in safe text. Never raises."""
-    note = f"(raised in the isolated worker process {os.getpid()}:\n{traceback or format_traceback(exc)})"
-    try:
-        message = str(exc)
-        if type(message) is str and safe_text(message) == message:
-            if hasattr(exc, "add_note"):
-                exc.add_note(note)
-            else:  # Python 3.10 has no add_note; 3.11 keeps its notes in the same attribute
-                exc.__notes__ = [*getattr(exc, "__notes__", ()), note]
-            pickle.dumps(exc)
-            return exc
-    except Exception:  # noqa: BLE001 - an exception type that does not pickle, or whose str() raises
-        pass
-    return RuntimeError(f"{describe_exception(exc)}\n{note}")
-
-
-def _raised(exc: BaseException) -> tuple:
-    """The reply for an exception: the exception itself (:func:`_portable`, re-raised by the parent) and its
-    traceback as text (``conformance.text.format_traceback``), which a record keeps where it is the
-    target's (its constructor raised: ``conformance.isolation.process.TargetLoadError``)."""
-    traceback = format_traceback(exc)  # before _portable adds its note to exc
-    return Tag.RAISE, (_portable(exc, traceback), traceback)
+from conformance.wire import Channel, from_data, to_data
 
 
 def main(argv: list[str]) -> int:
-    commands = Connection(int(argv[0]), writable=False)
-    replies = Connection(int(argv[1]), readable=False)
-
-    def reply(message) -> None:
-        replies.send_bytes(dumps(message))
-
-    config = pickle.loads(commands.recv_bytes())
+    channel = Channel(int(argv[0]), int(argv[1]))
+    config = channel.receive().body  # from the parent: trusted
     prepare_child(config)
     import torch
 
@@ -68,23 +34,24 @@ def main(argv: list[str]) -> int:
 
     try:
         executor = LocalExecutor(config["target"])
-        reply((Tag.READY, executor.device_description()))
+        device = executor.device_description()
     except Exception as exc:  # noqa: BLE001 - the parent reports it for every case
-        reply(_raised(exc))
+        channel.send(Tag.RAISE, to_data(Reply(-1, "", error=RemoteError.of(exc))))
         return 1
+    channel.send(Tag.READY, {"device": device})
     while True:
         try:
-            method, args = pickle.loads(commands.recv_bytes())
+            message = channel.receive()
         except EOFError:  # the parent closed the pipe: the run is over
             return 0
-        if method == Tag.EXIT:
+        if message.tag == Tag.EXIT:
             return 0
+        call = from_data(Call, message.body)
         try:
-            value = getattr(executor, method)(*args)
-        except Exception as exc:  # noqa: BLE001 - the harness's own errors travel back to the parent
-            reply(_raised(exc))
-        else:
-            reply((Tag.OK, value))
+            answer = executor.call(call.level, call.half, call.case_id, call.request)
+            channel.send(Tag.OK, {**to_data(Reply(call.seq, call.case_id)), "reply": answer})
+        except Exception as exc:  # noqa: BLE001 - the harness's own errors (and a reply no frame carries) go back as text
+            channel.send(Tag.RAISE, to_data(Reply(call.seq, call.case_id, error=RemoteError.of(exc))))
 
 
 if __name__ == "__main__":

@@ -4,27 +4,48 @@
 its own and forwards each call to it, so that a target that crashes or hangs takes only that process
 with it, and so that nothing the target does to its process reaches the referee in the parent;
 ``--isolation=none`` uses a ``LocalExecutor`` in the pytest process itself (for a debugger or a
-profiler, at the price of both protections). It only runs the target and hands back what happened
-(``conformance.target_call``, ``conformance.e2e``): it never judges.
+profiler, at the price of both protections). It only runs the target and hands back what happened, as
+data: it never judges.
+
+One call for every level: :meth:`LocalExecutor.call` ``(level, half, case_id, request)`` runs that
+level's *target half*, a function ``half(executor, request) -> data`` named ``module:function`` (each
+level states its own: ``conformance.levels.base.CaseKind.target_half``), with the loaded target as
+``executor.target`` and a per-level dict ``executor.state(level)`` for what the half keeps between cases
+(an engine, a loaded model). The request and the answer are data (``conformance.wire``): JSON and
+tensors, the same in this process as across a pipe.
 """
 
 from __future__ import annotations
 
-from conformance.cases.case import Case
+import importlib
+from collections.abc import Callable
+from typing import Any
+
 from conformance.report.fingerprint import device_description
-from conformance.target_call import TargetCall, Tensors, call_target
 from conformance.targets import load
 from conformance.targets.facts import TargetFacts, facts_of
 from conformance.text import describe_exception, safe_text
+from conformance.wire import WireError
+
+from .worker import WorkerProcess
+
+TargetHalf = Callable[["LocalExecutor", Any], Any]
+
+
+def resolve_half(path: str) -> TargetHalf:
+    """The function ``module:function`` names (a level's target half)."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 class LocalExecutor:
-    """One target, loaded once, and the per-process state built around it on first use."""
+    """One target, loaded once, the levels' target halves, and the per-process state they keep."""
 
     def __init__(self, target_name: str) -> None:
         self.target_name = target_name
         self.target = load(target_name)
-        self._e2e_runner = None  # conformance.e2e.run.E2ETargetRunner, built by the first end-to-end case
+        self._resolved: dict[str, TargetHalf] = {}
+        self._state: dict[str, dict] = {}
 
     def facts(self) -> TargetFacts:
         return facts_of(type(self.target))
@@ -40,15 +61,24 @@ class LocalExecutor:
                 return {"device": f"{self.target.device.type}: describe_device() raised {describe_exception(exc)}", "driver": "unknown"}
         return device_description(self.target.device.type)
 
-    def call_target(self, case: Case, values: Tensors, runs: int) -> TargetCall:
-        return call_target(self.target, case, values, runs)
+    def state(self, level: str) -> dict:
+        """What ``level``'s target half keeps in this process between cases (made empty on first use)."""
+        return self._state.setdefault(level, {})
 
-    def produce_e2e(self, case, continuations, runs: int):
-        if self._e2e_runner is None:  # op-only runs never read the fixtures
-            from conformance.e2e.run import E2ETargetRunner
-
-            self._e2e_runner = E2ETargetRunner(self.target)
-        return self._e2e_runner.produce(case, continuations, runs=runs)
+    def call(self, level: str, half: str, case_id: str, request: Any, *, parse: Callable[[Any], Any] | None = None,
+             doing: str = "running this case", **_) -> Any:
+        """``level``'s target half (``half``, ``module:function``) on ``request``: its answer, read by ``parse`` as the
+        isolated executor reads it (a ``WireError`` from it is a :class:`~conformance.isolation.worker.Breakdown`, kind
+        ``malformed reply``). ``case_id`` and ``limits`` are the pipe's: in this process the answer is the half's own."""
+        if half not in self._resolved:
+            self._resolved[half] = resolve_half(half)
+        data = self._resolved[half](self, request)
+        if parse is None:
+            return data
+        try:
+            return parse(data)
+        except WireError as exc:
+            raise WorkerProcess.refused(str(exc), doing, stopped=False) from None
 
     def close(self) -> None:
         """Nothing to release: the process's own end frees the target."""

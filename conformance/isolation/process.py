@@ -9,7 +9,10 @@ process only sends cases, waits, and records. When the worker
   worker's last Python frames; the next case starts a fresh worker;
 * **does not answer** within the case timeout, its stacks are dumped (SIGUSR1), it is killed (SIGKILL,
   which works on a process stuck in a device call), and the case ends *broken*, kind ``timed out``,
-  naming where the target was; the run goes on with a fresh worker.
+  naming where the target was; the run goes on with a fresh worker;
+* **answers what the referee does not accept as data** (``conformance.wire``: not a frame, a tensor
+  larger than the case allows, a record of the wrong type, a reply to another call), it is killed and
+  the case ends *broken*, kind ``malformed reply``, naming what was wrong; nothing of it was judged.
 
 Why a process of our own rather than pytest-timeout and xdist's worker replacement alone:
 pytest-timeout's signal method cannot interrupt a call blocked in native code, and its thread method
@@ -29,12 +32,13 @@ so nothing the target started outlives it; what was still running is kept in
 
 from __future__ import annotations
 
-from conformance.cases.case import Case
-from conformance.target_call import TargetCall, Tensors
-from conformance.text import describe_exception
-from conformance.verdict import FailureKind
+from collections.abc import Callable
+from typing import Any
 
-from .protocol import Tag
+from conformance.verdict import FailureKind
+from conformance.wire import Limits, WireError, from_data
+
+from .protocol import Reply, Tag
 from .worker import STACK_DUMP_WAIT, Breakdown, WorkerProcess, describe_exit, describe_leftovers, main_thread_frames
 
 __all__ = [
@@ -43,6 +47,7 @@ __all__ = [
 ]  # fmt: skip
 
 START_TIMEOUT = 600.0  # seconds a worker may take to import torch and load the target
+READY_LIMITS = Limits(header_bytes=1 << 20, tensor_bytes=0, tensors=0)  # a device description, or an error
 
 
 class TargetLoadError(RuntimeError):
@@ -53,11 +58,12 @@ class TargetLoadError(RuntimeError):
     def __init__(self, message: str, kind: FailureKind = FailureKind.RAISED, traceback: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
+        self.message = message
         self.traceback = traceback  # what the constructor raised, formatted in the worker; None for a crash or hang
 
 
 class IsolatedExecutor:
-    """Forwards each call of :class:`conformance.isolation.local.LocalExecutor` to a worker process
+    """Runs each call of :class:`conformance.isolation.local.LocalExecutor` in a worker process
     (:class:`conformance.isolation.worker.WorkerProcess`)."""
 
     def __init__(self, target_name: str, *, case_timeout: float | None, torch_threads: int = 1) -> None:
@@ -67,9 +73,10 @@ class IsolatedExecutor:
         self._worker: WorkerProcess | None = None
         self._started = False  # a worker was started before (the next start is a restart)
         self._ready = False
-        self._load_error: BaseException | None = None
+        self._load_error: TargetLoadError | None = None
         self._device: dict | None = None
         self._in_call = False  # a request is out and its reply not yet read
+        self._seq = 0  # calls sent: each reply must echo its call's number
         self.restarts = 0  # workers started after the first
         # processes a target started and left running in a worker's process group, found when that worker
         # was stopped (after a crash or a timeout, or at close) and killed with it: "pid N (command)"
@@ -113,56 +120,87 @@ class IsolatedExecutor:
 
     # -- one call --------------------------------------------------------------------------------
 
-    def _receive(self, timeout: float | None, doing: str, limit: str = "--case-timeout"):
+    def _receive(self, timeout: float | None, doing: str, limit: str = "--case-timeout", limits: Limits = READY_LIMITS):
         try:
-            return self._worker.receive(timeout, doing, limit)
+            return self._worker.receive(timeout, doing, limit, limits)
         except Breakdown:
             self._stop()  # the worker is stopped already: this forgets it and keeps what it left running
             raise
 
-    def _call(self, method: str, args: tuple, timeout: float | None, doing: str):
+    def _refuse(self, what: str, doing: str) -> Breakdown:
+        """Stop the worker for a reply the referee refuses; the breakdown to raise."""
+        self._stop()
+        return WorkerProcess.refused(what, doing)
+
+    def _await_ready(self, timeout: float | None, doing: str) -> None:
+        try:
+            message = self._receive(max(START_TIMEOUT, timeout or 0), f"loading the target for {doing}", "the worker's start-up limit")
+            if message.tag == Tag.RAISE:
+                error = from_data(Reply, message.body).error
+                if error is None:
+                    raise WireError("a raise without its error")
+                self._stop()
+                self._load_error = TargetLoadError(
+                    f"the target could not be loaded in the worker process: {error.text}", traceback=error.traceback)
+                raise self._load_error
+            if message.tag != Tag.READY:
+                raise WireError(f"the worker's first message is {message.tag[:40]!r}, not ready")
+            self._device = from_data(dict[str, dict[str, str]], message.body, "ready")["device"]
+        except WireError as exc:
+            exc = self._refuse(str(exc), f"loading the target for {doing}")
+            self._load_error = TargetLoadError(f"the target could not be loaded in a worker process ({exc.message})", exc.kind)
+            raise self._load_error from None
+        except Breakdown as exc:
+            # A target that crashes or hangs while it loads would do so for every case: say so once
+            # per case from now on instead of starting (and waiting for) a new worker each time.
+            self._load_error = TargetLoadError(f"the target could not be loaded in a worker process ({exc.message})", exc.kind)
+            raise
+        self._ready = True
+
+    def call(self, level: str, half: str, case_id: str, request: Any, *, limits: Limits,
+             parse: Callable[[Any], Any] | None = None, doing: str = "running this case") -> Any:
+        """``level``'s target half (``half``, ``module:function``) on ``request`` in the worker: its answer, read as data within ``limits`` and then
+        by ``parse`` (the level's typed reading of it, which raises ``WireError`` for what it refuses). Raises :class:`Breakdown` when the worker dies, hangs or answers what the
+        referee refuses, :class:`TargetLoadError` when it cannot load the target, and the harness's own error
+        (a ``RemoteError`` re-raised) when the half raised in the worker."""
         if self._load_error is not None:
             raise self._load_error
+        self._seq += 1
+        seq = self._seq
         for attempt in (1, 2):
             self.start()
             if not self._ready:
-                try:
-                    kind, value = self._receive(
-                        max(START_TIMEOUT, timeout or 0), f"loading the target for {doing}", "the worker's start-up limit"
-                    )
-                except Breakdown as exc:
-                    # A target that crashes or hangs while it loads would do so for every case: say so once
-                    # per case from now on instead of starting (and waiting for) a new worker each time.
-                    self._load_error = TargetLoadError(f"the target could not be loaded in a worker process ({exc.message})", exc.kind)
-                    raise
-                if kind == Tag.RAISE:
-                    self._stop()
-                    raised, traceback = value
-                    self._load_error = TargetLoadError(
-                        f"the target could not be loaded in the worker process: {describe_exception(raised)}", traceback=traceback
-                    )
-                    raise self._load_error
-                self._ready, self._device = True, value
+                self._await_ready(self.case_timeout, doing)
             try:
-                self._worker.send((method, args))
+                self._worker.send(Tag.CALL, {"seq": seq, "level": level, "half": half, "case_id": case_id, "request": request})
                 break
             except OSError:  # the worker died between cases: nothing of this case ran yet, so start again
                 self._stop()
                 if attempt == 2:
                     raise
+            except TimeoutError:  # it stopped reading its requests: it hangs
+                self._stop()
+                raise Breakdown(FailureKind.TIMED_OUT, f"the worker process stopped reading its requests while {doing}; "
+                                "it was killed and the run went on with a new one") from None
         self._in_call = True  # stays set if an interrupt ends the wait: close() then kills the busy worker
-        kind, value = self._receive(timeout, doing)
+        message = self._receive(self.case_timeout, doing, limits=limits)
         self._in_call = False
-        if kind == Tag.RAISE:
-            raise value[0]  # a harness error in the worker: its traceback is a note of the exception
-        return value
-
-    # -- the executor's methods: the target's half of each case (conformance.isolation.local) ----------
-    # A worker that dies or hangs raises Breakdown, one that cannot load the target TargetLoadError: the
-    # level that asked (conformance.session) turns either into its own broken result.
-
-    def call_target(self, case: Case, values: Tensors, runs: int) -> TargetCall:
-        return self._call("call_target", (case, values, runs), self.case_timeout, "running this case")
-
-    def produce_e2e(self, case, continuations, runs: int):
-        return self._call("produce_e2e", (case, continuations, runs), self.case_timeout, "running this case")
+        try:
+            if message.tag not in (Tag.OK, Tag.RAISE):
+                raise WireError(f"the tag {message.tag[:40]!r} answers no call")
+            reply = from_data(Reply, message.body, "the reply")
+            if (reply.seq, reply.case_id) != (seq, case_id):
+                raise WireError(f"it answers call {reply.seq} for case {reply.case_id[:200]!r}, not call {seq} for this case "
+                                f"({case_id!r})")
+        except WireError as exc:
+            raise self._refuse(str(exc), doing) from None
+        if message.tag == Tag.RAISE:  # the harness raised in the worker (not the target: that is in the answer)
+            if reply.error is None:
+                raise self._refuse("a raise without its error", doing)
+            raise reply.error.exception(f"the isolated worker process {self._worker.pid}")
+        if parse is None:
+            return reply.reply
+        try:
+            return parse(reply.reply)
+        except WireError as exc:
+            raise self._refuse(str(exc), doing) from None

@@ -1,69 +1,108 @@
-"""What the pytest process and its worker processes agree on: the op worker
-(``conformance.isolation.child``) and the tensor-parallel ranks (``conformance.tp.rank``), both
-supervised by :class:`conformance.isolation.worker.WorkerProcess`.
+"""What the referee's process and the processes that run target code say to each other: one dialect for
+the op worker (``conformance.isolation.child``) and the tensor-parallel ranks (``conformance.tp.rank``),
+both supervised by :class:`conformance.isolation.worker.WorkerProcess`.
 
-* Two pipes, one each way. The parent first sends the configuration (a pickled dict: ``target``,
-  ``torch_threads``, ``stack_file``, ``parent_pid``, and what the child needs besides); the worker
-  loads the target and answers ``(Tag.READY, device description)`` or ``(Tag.RAISE, exception)``.
-  Then each request is a pickled ``(method, args)`` of :class:`conformance.isolation.local.LocalExecutor`
-  (a rank: ``(Tag.CASE, case)``), ``(Tag.EXIT, None)`` ends the worker, and each reply is
-  ``(Tag.OK, value)``, ``(Tag.RAISE, (exception, traceback text))`` (a rank: ``(Tag.RAISE, (text,
-  traceback text))``) or, from a rank, ``(Tag.NOT_SUPPORTED, text)``, one at a time. The traceback is
-  formatted in the process that caught the exception (``conformance.text.format_traceback``): its frames
-  do not cross a pipe, their text does.
-* The stack file: its first line names the worker's main thread (``MAIN_THREAD_LINE`` + its id as
-  faulthandler prints it); every stack dump (a fatal signal, or ``STACK_DUMP_SIGNAL`` from the parent)
-  is appended after it.
+Every message is a frame of the wire (``conformance.wire``: JSON and raw tensor bytes, data only),
+one pipe each way, a tag and a body:
+
+=================  ==========  ==========================================================================
+tag                from        body
+=================  ==========  ==========================================================================
+``config``         referee     the worker's configuration: ``target``, ``torch_threads``, ``stack_file``,
+                               ``parent_pid``, and what a rank needs besides (``rank``, ``world_size``, …)
+``ready``          worker      it loaded the target: ``{"device": {name: text}}`` (a rank adds ``backend``)
+``call``           referee     one case's target half: :class:`Call` (``seq``, ``level``, ``half``, ``case_id``,
+                               ``request``)
+``ok``             worker      its answer: :class:`Reply` (``seq``, ``case_id``, ``reply``: the level's data)
+``not_supported``  rank        the rank's wrapper raised ``NotImplementedError``: :class:`Reply` with ``message``
+``raise``          worker      the harness raised in the worker, or the target while it loaded:
+                               :class:`Reply` with ``error`` (:class:`RemoteError`, text only)
+``collective``     rank        it entered (``"in": true``) or left a collective, for the hang diagnosis
+``exit``           referee     end the process
+=================  ==========  ==========================================================================
+
+A reply echoes its call's ``seq`` and ``case_id``: a reply to another call is refused like any
+malformed message. The traceback in an error is formatted in the process that caught the exception
+(``conformance.text.format_traceback``): its frames do not cross a pipe, their text does.
+
+The stack file: its first line names the worker's main thread (``MAIN_THREAD_LINE`` + its id as
+faulthandler prints it); every stack dump (a fatal signal, or ``STACK_DUMP_SIGNAL`` from the parent) is
+appended after it.
 
 The tags are ``str`` enums: a tag equals its word (``Tag.OK == "ok"``).
 """
 
+from __future__ import annotations
+
+import builtins
 import enum
-import io
-import pickle
 import signal
-import sys
+from dataclasses import dataclass
+from typing import Any
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 MAIN_THREAD_LINE = "main thread "
 
 
 class Tag(str, enum.Enum):
-    """The first element of every message on the pipes."""
+    """The tag of every message on the pipes (see the module docstring)."""
 
-    READY = "ready"  # the target loaded; the value is the device description
-    OK = "ok"  # the call returned; the value is what it returned
-    RAISE = "raise"  # the call (or loading the target) raised; the value is (the exception or its text, its traceback)
-    NOT_SUPPORTED = "not_supported"  # a rank's call raised NotImplementedError; the value is its text
-    CASE = "case"  # a request to a rank: run this tensor-parallel case
-    EXIT = "exit"  # a request: end the process
-
-
-# torch's own pickling of a float8 tensor does not load back (torch 2.13 on the CPU: "UntypedStorage has no
-# attribute dtype"), and the fp8 ops hand such tensors to the worker and back. Every message is pickled by
-# ``dumps``, which sends a float8 tensor as its bytes (a uint8 view) and its dtype's name instead.
-_BYTE_VIEWED = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    CONFIG = "config"
+    READY = "ready"
+    CALL = "call"
+    OK = "ok"
+    NOT_SUPPORTED = "not_supported"
+    RAISE = "raise"
+    COLLECTIVE = "collective"
+    EXIT = "exit"
 
 
-def _from_bytes(raw, dtype_name: str):
-    """The float8 tensor whose bytes ``raw`` holds (the inverse of the uint8 view ``dumps`` sends)."""
-    import torch
+@dataclass(frozen=True)
+class RemoteError:
+    """An exception raised in a worker, as text: its type's name, ``"TypeName: message (at file:line)"`` and its
+    whole traceback. The referee re-raises a harness error as the builtin exception of that name, where there is
+    one (``ValueError`` from a fixture stays a ``ValueError``), else as ``RuntimeError``: never a class the
+    worker names beyond the builtins."""
 
-    return raw.view(getattr(torch, dtype_name))
+    type: str
+    text: str
+    traceback: str | None = None
+
+    @classmethod
+    def of(cls, exc: BaseException) -> RemoteError:
+        from conformance.text import describe_exception, format_traceback, safe_text
+
+        return cls(safe_text(getattr(type(exc), "__name__", "Exception"), 200), describe_exception(exc), format_traceback(exc))
+
+    def exception(self, where: str) -> Exception:
+        """The exception the referee raises for it, its text and the worker's traceback in the message."""
+        builtin = getattr(builtins, self.type, None) if self.type.isidentifier() else None
+        kind = builtin if isinstance(builtin, type) and issubclass(builtin, Exception) and builtin.__module__ == "builtins" else RuntimeError
+        try:
+            error = kind(f"{self.text}\n(raised in {where}:\n{self.traceback or 'no traceback'})")
+        except Exception:  # noqa: BLE001 - a builtin whose constructor wants other arguments (UnicodeDecodeError)
+            error = RuntimeError(f"{self.text}\n(raised in {where}:\n{self.traceback or 'no traceback'})")
+        return error
 
 
-class _Pickler(pickle.Pickler):
-    def reducer_override(self, obj):
-        torch = sys.modules.get("torch")  # a message holds a tensor only where torch is loaded
-        if torch is not None and isinstance(obj, torch.Tensor):
-            name = str(obj.dtype).removeprefix("torch.")
-            if name in _BYTE_VIEWED:
-                return _from_bytes, (obj.view(torch.uint8), name)
-        return NotImplemented
+@dataclass(frozen=True)
+class Call:
+    """A request for one case's target half: ``half`` is its ``module:function`` (the level's ``target_half``)."""
+
+    seq: int
+    level: str
+    half: str
+    case_id: str
+    request: Any
 
 
-def dumps(message) -> bytes:
-    """``message`` pickled for a pipe (``pickle.loads`` reads it back), float8 tensors included."""
-    buffer = io.BytesIO()
-    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(message)
-    return buffer.getvalue()
+@dataclass(frozen=True)
+class Reply:
+    """A worker's answer to :class:`Call` ``seq``: the level's ``reply`` (``ok``), a rank's ``message``
+    (``not_supported``) or an ``error`` (``raise``)."""
+
+    seq: int
+    case_id: str
+    reply: Any = None
+    message: str = ""
+    error: RemoteError | None = None

@@ -5,13 +5,17 @@ A worker is ``python -m MODULE READ_FD WRITE_FD``: spawned (never forked: a fork
 undefined), inheriting the environment (so ``--devices`` reaches it) and the parent's ``sys.path`` (so
 ``package.module:Class`` targets resolve the same), in a session of its own (a terminal's Ctrl-C is
 the parent's to handle; and its pid is its process group), dying with its parent (``prepare_child``,
-which the child calls first). It talks pickled messages over two pipes (``conformance.isolation.protocol``).
+which the child calls first). It talks frames of data over two pipes (``conformance.isolation.protocol``,
+``conformance.wire``): nothing a worker sends is ever unpickled or run.
 
 * **A call that does not answer** within its time: the worker's Python stacks are dumped into its
   stack file (SIGUSR1, up to ``STACK_DUMP_WAIT`` seconds), then it is killed (SIGKILL, which works on
   a process stuck in a device call), and :class:`Breakdown` (kind ``timed out``) says where it was.
 * **A worker that dies**: :class:`Breakdown` (kind ``crashed``) names the signal or exit status and
   its last Python frames (faulthandler writes them on a fatal signal).
+* **A reply the wire refuses** (not a frame, a declared size above what the call allows, an unknown
+  dtype, bytes that do not match their shape, a reply to another call): :class:`Breakdown` (kind
+  ``malformed reply``) says what was wrong; the worker is killed, since its stream is out of step.
 * **Ending a worker** (:meth:`WorkerProcess.stop`), after a breakdown or at close, ends its whole
   process group (``os.killpg``, SIGKILL), so a process the target started (a compiler, a device
   daemon, a ``sleep``) does not outlive the worker and hold a device or a core. Processes still in the
@@ -19,15 +23,14 @@ which the child calls first). It talks pickled messages over two pipes (``confor
   Linux, nothing elsewhere) in :attr:`WorkerProcess.leftovers`, so a record can say that the target
   left them running. A process that left the group (``setsid``) is out of reach.
 
-This module imports only the standard library, the failure kinds and the protocol, so that any
-supervisor can use it without importing what runs cases.
+This module imports only the standard library, the failure kinds, the protocol and the wire's frames, so
+that any supervisor can use it without importing what runs cases.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import os
-import pickle
 import re
 import signal
 import subprocess
@@ -35,17 +38,19 @@ import sys
 import tempfile
 import threading
 import time
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 from conformance.verdict.failure_kind import FailureKind
+from conformance.wire.frame import Channel, Limits, Message, WireError
 
-from .protocol import MAIN_THREAD_LINE, STACK_DUMP_SIGNAL, Tag, dumps
+from .protocol import MAIN_THREAD_LINE, STACK_DUMP_SIGNAL, Tag
 
 STACK_DUMP_WAIT = 2.0  # seconds given to a hung worker to write its stacks before it is killed
 EXIT_WAIT = 10.0  # seconds a worker asked to exit (or that closed its pipe) has before it is killed
 LEFTOVER_GRACE = 1.0  # seconds the rest of the group of a worker that exited by itself has to end by itself
 KILL_WAIT = 2.0  # seconds to wait for a killed process group to be gone
+DEFAULT_LIMITS = Limits()
+SEND_TIMEOUT = 60.0  # seconds a worker may leave its request pipe full (it reads a request whole, between cases)
 SHOWN_FRAMES = 4
 COMMAND_CHARS = 120  # of a leftover process's command line
 
@@ -148,8 +153,7 @@ class WorkerProcess:
 
     def __init__(self) -> None:
         self._process: subprocess.Popen | None = None
-        self._commands: Connection | None = None
-        self._replies: Connection | None = None
+        self._channel: Channel | None = None
         self._stack_file: str | None = None
         self._exit_sent = False
         self._stopped = False
@@ -165,9 +169,9 @@ class WorkerProcess:
         return self._process is not None and not self._stopped and self._process.poll() is None
 
     @property
-    def connection(self) -> Connection:
+    def connection(self) -> Channel:
         """The end the worker's replies arrive at (for ``multiprocessing.connection.wait`` over several workers)."""
-        return self._replies
+        return self._channel
 
     def spawn(self, module: str, config: dict, *, env_updates: dict[str, str] | None = None) -> None:
         """Start ``python -m module READ_FD WRITE_FD`` and send it ``config`` with ``stack_file`` and
@@ -198,29 +202,33 @@ class WorkerProcess:
             if self._process is not None:
                 os.close(to_child_read)
                 os.close(from_child_write)
-        self._commands = Connection(to_child_write, readable=False)
-        self._replies = Connection(from_child_read, writable=False)
-        self.send({**config, "stack_file": self._stack_file, "parent_pid": os.getpid()})
+        self._channel = Channel(from_child_read, to_child_write, referee=True)
+        self.send(Tag.CONFIG, {**config, "stack_file": self._stack_file, "parent_pid": os.getpid()})
 
     # -- messages ----------------------------------------------------------------------------------
 
-    def send(self, message) -> None:
-        """Pickle ``message`` to the worker; ``OSError`` (BrokenPipeError) when it is gone."""
-        if self._commands is None:
+    def send(self, tag: Tag, body=None, timeout: float | None = SEND_TIMEOUT) -> None:
+        """One frame to the worker; ``OSError`` (BrokenPipeError) when it is gone, ``TimeoutError`` when it stopped
+        reading for ``timeout`` seconds (its stdin pipe full: it hangs), ``TypeError`` for what no frame carries."""
+        if self._channel is None:
             raise BrokenPipeError("the worker process was stopped")
-        self._commands.send_bytes(dumps(message))
+        self._channel.send(tag, body, timeout=timeout)
 
     def poll(self, timeout: float | None) -> bool:
         """Whether a reply (or the worker's end) arrived within ``timeout`` seconds (``None``: wait)."""
-        return self._replies.poll(timeout)
+        return self._channel.poll(timeout)
 
-    def read(self):
-        """The next reply; ``EOFError`` or ``OSError`` when the worker closed its pipe (it died)."""
-        return pickle.loads(self._replies.recv_bytes())
+    def read(self, limits: Limits = DEFAULT_LIMITS) -> Message:
+        """The next message, read as data within ``limits``; ``EOFError`` or ``OSError`` when the worker closed its
+        pipe (it died), :class:`~conformance.wire.WireError` for a frame the wire refuses, ``TimeoutError`` for a
+        frame that stopped arriving midway."""
+        if self._channel is None:
+            raise EOFError("the worker process was stopped")
+        return self._channel.receive(limits)
 
-    def receive(self, timeout: float | None, doing: str, limit: str = "--case-timeout"):
-        """The next reply within ``timeout`` seconds; otherwise, or if the worker dies first, it is
-        stopped and :class:`Breakdown` says what happened ``while {doing}`` (``limit`` names the time limit)."""
+    def receive(self, timeout: float | None, doing: str, limit: str = "--case-timeout", limits: Limits = DEFAULT_LIMITS) -> Message:
+        """The next message within ``timeout`` seconds; otherwise, or if the worker dies first, or sends what the wire
+        refuses, it is stopped and :class:`Breakdown` says what happened ``while {doing}`` (``limit`` names the time limit)."""
         if not self.poll(timeout):
             self.dump_stacks()
             self.wait_for_stacks(STACK_DUMP_WAIT)
@@ -232,16 +240,37 @@ class WorkerProcess:
                 f"killed and the run went on with a new one" + (f"; it was at {where}" if where else ""),
             )
         try:
-            return self.read()
-        except (EOFError, OSError):
-            returncode = self.exit_status()
-            where = self.frames()
+            return self.read(limits)
+        except WireError as exc:
+            self.stop()
+            raise self.refused(str(exc), doing) from None
+        except TimeoutError:
             self.stop()
             raise Breakdown(
-                FailureKind.CRASHED,
-                f"the worker process {describe_exit(returncode)} while {doing}; the run went on with a new one"
-                + (f"; its last Python frames: {where}" if where else "; it left no Python stack (killed, or exited from native code)"),
+                FailureKind.TIMED_OUT,
+                f"started a reply while {doing} and did not finish sending it within {limits.transfer_seconds:g} s; "
+                "the worker process was killed and the run went on with a new one",
             ) from None
+        except (EOFError, OSError):
+            raise self.crashed(doing) from None
+
+    def crashed(self, doing: str) -> Breakdown:
+        """The worker closed its pipe: it is stopped, and the breakdown names how it ended and where it was."""
+        returncode = self.exit_status()
+        where = self.frames()
+        self.stop()
+        return Breakdown(
+            FailureKind.CRASHED,
+            f"the worker process {describe_exit(returncode)} while {doing}; the run went on with a new one"
+            + (f"; its last Python frames: {where}" if where else "; it left no Python stack (killed, or exited from native code)"),
+        )
+
+    @staticmethod
+    def refused(what: str, doing: str, stopped: bool = True) -> Breakdown:
+        """A reply the referee refuses (the wire, or the level's check of it); ``stopped``: the worker was killed for it."""
+        after = "the worker process was killed and the run went on with a new one" if stopped else "the run went on"
+        return Breakdown(FailureKind.MALFORMED_REPLY,
+                         f"the worker's reply was refused while {doing}: {what}; nothing in it was judged, {after}")
 
     # -- what it was doing -------------------------------------------------------------------------
 
@@ -288,7 +317,7 @@ class WorkerProcess:
             return
         self._exit_sent = True
         try:
-            self.send((Tag.EXIT, None))
+            self.send(Tag.EXIT)
         except OSError:
             pass
 
@@ -313,9 +342,8 @@ class WorkerProcess:
             process.kill()
         process.wait()
         found = self._end_group(process.pid, LEFTOVER_GRACE if exited_by_itself else 0.0)
-        for connection in (self._commands, self._replies):
-            connection.close()
-        self._commands = self._replies = None
+        self._channel.close()
+        self._channel = None
         Path(self._stack_file).unlink(missing_ok=True)
         self.leftovers.extend(found)
         return found

@@ -32,6 +32,9 @@ class CaseKind:
     markers: dict[str, str] = {}  # the pytest markers its cases carry, with what each means
     result_type: type[CaseResult] = CaseResult
     uses_worker: bool = True  # whether its cases run in the target's worker process (the session starts it early)
+    # ``module:function`` of what the target's process runs for one case of this level: ``half(executor, request)``
+    # returns the answer as data (``conformance.isolation.local``); the level reads it back, checked, in the referee
+    target_half: str = ""
 
     def owns(self, case: Any) -> bool:
         """Whether ``case`` is one of this kind's."""

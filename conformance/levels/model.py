@@ -13,11 +13,13 @@ import time
 from typing import TYPE_CHECKING
 
 from conformance.e2e.cases import E2ECase, e2e_cases
+from conformance.e2e.production import read_production
 from conformance.e2e.run import E2EResult
 from conformance.e2e.target_runner import e2e_unsupported_reason
 from conformance.errors import RunError
 from conformance.isolation import Breakdown, TargetLoadError
 from conformance.record import CaseResult
+from conformance.wire import Limits
 
 from .base import CaseKind
 from .op import breakdown_message
@@ -27,10 +29,12 @@ if TYPE_CHECKING:
     from conformance.targets.facts import TargetFacts
 
 FIXTURE_ERRORS = (FileNotFoundError, ValueError, ImportError)  # the fixtures, not the target: a usage error
+PRODUCTION_LIMITS = Limits(tensor_bytes=0, tensors=0)  # tokens and log-probabilities: JSON only
 
 
 class ModelKind(CaseKind):
     name = "model"
+    target_half = "conformance.e2e.target_runner:serve"
     markers = {"e2e": "an end-to-end generation case (design level 4, the model)"}
     result_type = E2EResult
 
@@ -52,7 +56,9 @@ class ModelKind(CaseKind):
             raise RunError(str(exc)) from None
         started = time.perf_counter()
         try:
-            production = run.executor.produce_e2e(case, continuations, run.repeat)
+            request = {"case": case.to_json(), "continuations": continuations, "runs": run.repeat}
+            production = run.executor.call(self.name, self.target_half, case_id, request, limits=PRODUCTION_LIMITS,
+                                           parse=lambda data: read_production(data, case, run.repeat))
         except (Breakdown, TargetLoadError) as exc:
             return self.broken(case_id, case, exc.kind, breakdown_message(exc), time.perf_counter() - started,
                                traceback=getattr(exc, "traceback", None))  # a TargetLoadError's; a Breakdown has none

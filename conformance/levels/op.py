@@ -23,7 +23,8 @@ from conformance.generator import PROFILES, profile_cases
 from conformance.isolation import Breakdown, TargetLoadError
 from conformance.ops import OP_SPECS, Level
 from conformance.record import CaseResult
-from conformance.runner import attempted, make_values
+from conformance.runner import PROCESS_LOST, attempted, make_values
+from conformance.target_call import answer, handed_tensors, reply_limits, request
 from conformance.verdict import FailureKind, Outcome
 
 from .base import CaseKind
@@ -40,6 +41,7 @@ def breakdown_message(exc: Exception) -> str:
 
 class OpKind(CaseKind):
     name = "op"
+    target_half = "conformance.target_call:serve"
     markers = {
         Level.KERNEL.value: "a kernel-level op case (design level 1)",
         Level.WRAPPER.value: "a PunicaWrapper-level op case (design level 2)",
@@ -71,15 +73,21 @@ class OpKind(CaseKind):
 
     def run(self, run: ConformanceRun, case_id: str, case: Case, values=None, *, runs: int | None = None,
             second_attempt: bool = True) -> CaseResult:
-        """The values drawn here, the target called in its worker, the verdict reached here; a failure the
-        target reported is attempted a second time, and a breakdown of that attempt makes the case flaky."""
+        """The values drawn here (once, for every call and attempt), the target called in its worker, its answer read
+        as data (``conformance.target_call.answer``) and judged here; a failure the target reported is attempted a
+        second time, and a breakdown of that attempt makes the case flaky."""
         values = make_values(case) if values is None else values
         runs = run.repeat if runs is None else runs
+        expected = handed_tensors(OP_SPECS[case.op], case, values)
+        sent, limits = request(case, values, runs), reply_limits(expected, runs)
+
+        def call():
+            return run.executor.call(self.name, self.target_half, case_id, sent, limits=limits, parse=lambda data: answer(data, expected, runs))
+
         started = time.perf_counter()
         try:
-            return attempted(lambda: run.executor.call_target(case, values, runs), case, case_id, values,
-                             require_deterministic=run.require_deterministic, second_attempt=second_attempt,
-                             breakdowns=(Breakdown, TargetLoadError))
+            return attempted(call, case, case_id, values, require_deterministic=run.require_deterministic,
+                             second_attempt=second_attempt, breakdowns=(Breakdown, TargetLoadError), expected=expected)
         except (Breakdown, TargetLoadError) as exc:  # the first attempt: the case did not return
             return self.broken(case_id, case, exc.kind, breakdown_message(exc), time.perf_counter() - started,
                                traceback=getattr(exc, "traceback", None))  # a TargetLoadError's; a Breakdown has none
@@ -99,8 +107,8 @@ class OpKind(CaseKind):
 
     def add_shrunk_case(self, run: ConformanceRun, result: CaseResult) -> dict | None:
         """Shrink a failure; the shrunk case's replay, repro and structure (the record's ``shrunk``), or None."""
-        if result.kind in (FailureKind.CRASHED, FailureKind.TIMED_OUT):
-            result.message += " (not shrunk: every candidate of a crash or hang would need a process of its own)"
+        if result.kind in PROCESS_LOST:
+            result.message += " (not shrunk: every candidate of a crash, a hang or a refused reply would need a process of its own)"
             return None
         try:
             smallest = self._shrink(run, result)

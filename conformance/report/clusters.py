@@ -110,6 +110,7 @@ WHOLE_CALL = {  # kind → (where, title)
     FailureKind.RAISED.value: ("the call", "the target raises"),
     FailureKind.CRASHED.value: ("the call", "the process running the case crashes"),
     FailureKind.TIMED_OUT.value: ("the call", "the case hangs past its timeout"),
+    FailureKind.MALFORMED_REPLY.value: ("the reply", "the target's process sends back what is not data the referee accepts"),
 }
 
 

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from conformance.ops import Level, ops_at
+from conformance.wire import WireError, from_data
 
 from .base import Target
 
@@ -60,8 +61,12 @@ class TargetFacts:
 
     @classmethod
     def from_json(cls, text: str) -> TargetFacts:
-        data = json.loads(text)
-        return cls(**{**data, "dtypes": tuple(data["dtypes"]), "methods": tuple(data["methods"])})
+        """The facts a process that imported the target printed, read as data (``ValueError`` naming what is wrong)."""
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise WireError(f"the target's facts are not JSON: {str(exc)[:200]}") from None
+        return from_data(cls, data, "the target's facts")
 
 
 def implemented_ops_of(cls: type[Target]) -> tuple[str, ...]:
@@ -143,7 +148,10 @@ def probe(target_name: str) -> TargetFacts:
         raise TargetUnavailable(rest)
     if tag == _UNKNOWN:
         raise TargetError(rest)
-    return TargetFacts.from_json(rest)
+    try:
+        return TargetFacts.from_json(rest)
+    except ValueError as exc:
+        raise TargetError(f"target {target_name!r}: the process reading its facts answered what is not facts: {exc}") from None
 
 
 def _main(argv: list[str]) -> int:

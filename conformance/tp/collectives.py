@@ -17,23 +17,30 @@ import torch
 
 
 class ProcessGroupCollectives:
-    """The default ``torch.distributed`` process group of this rank process."""
+    """The default ``torch.distributed`` process group of this rank process. ``report(inside)``, if given, is told
+    when the rank enters (True) and leaves (False) a collective: the pool names a hung rank from it (a rank
+    waiting in a collective waits for a peer; the peer elsewhere is the one that hangs)."""
 
-    def __init__(self, rank: int, world_size: int) -> None:
+    def __init__(self, rank: int, world_size: int, report=None) -> None:
         self.rank, self.world_size = rank, world_size
+        self.report = report or (lambda inside: None)
 
     def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
         import torch.distributed as dist
 
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        self.report(True)
         dist.all_gather(parts, tensor.contiguous())
+        self.report(False)
         return torch.cat(parts, dim=dim)
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
         tensor = tensor.contiguous()
+        self.report(True)
         dist.all_reduce(tensor)
+        self.report(False)
         return tensor
 
 

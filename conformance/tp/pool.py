@@ -20,10 +20,13 @@ import tempfile
 import time
 from multiprocessing.connection import wait
 
-from conformance.isolation.protocol import Tag
+from conformance.isolation.protocol import Reply, Tag
 from conformance.isolation.worker import STACK_DUMP_WAIT, WorkerProcess, describe_exit, describe_leftovers
 from conformance.text import TRACEBACK_LIMIT, safe_text
 from conformance.verdict import FailureKind
+from conformance.wire import Limits, WireError, from_data
+
+from .layer_wire import RankAnswer, answer_limits, read_answer, request
 
 START_TIMEOUT = 600.0  # seconds for every rank to load torch and the target and join the process group
 CRASH_GRACE = 0.5  # after a rank raises, how long to look whether a peer died (its death is the cause)
@@ -41,24 +44,18 @@ class RankFailure(Exception):
         self.kind, self.message, self.ranks, self.traceback = kind, message, ranks, traceback
 
 
-def _raised(value) -> tuple[str, str | None]:
-    """A rank's RAISE value (``conformance.tp.rank``: its describe_exception and its traceback) as safe text
-    whatever a rank sent; the traceback is None where none came."""
-    if isinstance(value, tuple) and len(value) == 2:
-        text, traceback = value
-        return safe_text(text), None if traceback is None else safe_text(traceback, TRACEBACK_LIMIT)
-    return safe_text(value), None
+READY_LIMITS = Limits(header_bytes=1 << 20, tensor_bytes=0, tensors=0)
 
 
 def _answered(member: WorkerProcess) -> bool:
     """Whether an exited rank left an answer in its pipe (read here: the pool is ending) rather than only its end."""
-    if not member.poll(0):
-        return False
     try:
-        member.read()
-    except (EOFError, OSError):
+        while member.poll(0):
+            if member.read(READY_LIMITS).tag != Tag.COLLECTIVE:
+                return True
+    except (EOFError, OSError, WireError, TimeoutError):
         return False
-    return True
+    return False
 
 
 class RankPool:
@@ -77,6 +74,8 @@ class RankPool:
         self._ranks: list[WorkerProcess] = []  # by rank
         self._directory: str | None = None
         self.device: dict | None = None  # rank 0's device description, once the pool started
+        self._seq = 0  # cases sent: each answer must echo its call's number
+        self._in_collective: dict[int, bool] = {}  # rank → whether its last word was "in a collective"
         self.starts = 0
         # processes a target started and left running in a rank's process group, found when the ranks were
         # ended (after a failure, or at close) and killed with them: "pid N (command)"
@@ -110,21 +109,42 @@ class RankPool:
                 # the rank's device is in its environment from the start, before any device runtime loads
                 env_updates={self.device_env: device} if self.devices and self.device_env else None,
             )  # fmt: skip
-        replies = self._collect(START_TIMEOUT, "loading the target and joining the process group", "the rank start-up limit")
+        replies = self._collect(START_TIMEOUT, "loading the target and joining the process group", "the rank start-up limit",
+                                None, lambda rank: READY_LIMITS, self._ready)
         self.device = replies[0]
 
-    def run(self, case, timeout: float | None) -> list:
+    @staticmethod
+    def _ready(message, rank: int) -> dict:
+        if message.tag != Tag.READY:
+            raise WireError(f"rank {rank}'s first message is {message.tag[:40]!r}, not ready")
+        return from_data(dict[str, dict[str, str]], message.body, "ready")["device"]
+
+    def run(self, case, timeout: float | None) -> list[RankAnswer]:
         """Every rank's answer to ``case``, by rank; raises :class:`RankFailure` (and ends the pool) when a rank fails."""
         self.start()
+        self._seq += 1
+        seq, sent, limits = self._seq, request(case), answer_limits(case)
+        self._in_collective = {}
         for member in self._ranks:
             try:
-                member.send((Tag.CASE, case))
-            except OSError:
-                pass  # it died between cases: _collect reports it
-        return self._collect(timeout, "running this case", "--case-timeout")
+                member.send(Tag.CALL, {"seq": seq, "level": "layer", "half": "conformance.tp.rank", "case_id": case.case_id, "request": sent})
+            except (OSError, TimeoutError):
+                pass  # it died (or stopped reading) between cases: _collect reports it
 
-    def _collect(self, timeout: float | None, doing: str, limit: str) -> list:
-        """Every rank's answer, by rank; on any failure the pool is ended and :class:`RankFailure` raised."""
+        def answer(message, rank: int) -> RankAnswer:
+            if message.tag != Tag.OK:
+                raise WireError(f"the tag {message.tag[:40]!r} answers no call")
+            reply = from_data(Reply, message.body, f"rank {rank}'s reply")
+            if (reply.seq, reply.case_id) != (seq, case.case_id):
+                raise WireError(f"rank {rank} answers call {reply.seq} for case {reply.case_id[:200]!r}, not call {seq} "
+                                f"for this case ({case.case_id!r})")
+            return read_answer(reply.reply, rank)
+
+        return self._collect(timeout, "running this case", "--case-timeout", seq, lambda rank: limits, answer)
+
+    def _collect(self, timeout: float | None, doing: str, limit: str, seq: int | None, limits, accept) -> list:
+        """Every rank's answer, by rank, each read within ``limits(rank)`` and taken by ``accept(message, rank)``
+        (``WireError`` for what it refuses); on any failure the pool is ended and :class:`RankFailure` raised."""
         deadline = None if timeout is None else time.monotonic() + timeout
         answers: dict[int, object] = {}
         pending = {member.connection: rank for rank, member in enumerate(self._ranks)}
@@ -135,22 +155,48 @@ class RankPool:
                 self._timed_out(sorted(pending.values()), timeout, doing, limit)
             for connection in ready:
                 rank = pending.pop(connection)
+                member = self._ranks[rank]
                 try:
-                    kind, value = self._ranks[rank].read()
+                    message = member.read(limits(rank))
                 except (EOFError, OSError):
                     self._crashed(rank, doing)
-                if kind == Tag.OK or kind == Tag.READY:
-                    answers[rank] = value
+                except (WireError, TimeoutError) as exc:
+                    self._refused(rank, str(exc) if isinstance(exc, WireError) else "its answer stopped arriving midway", doing)
+                if message.tag == Tag.COLLECTIVE:  # a word on the way: the rank is still at the case
+                    state = message.body if isinstance(message.body, dict) else {}
+                    if state.get("seq") == seq and isinstance(state.get("in"), bool):
+                        self._in_collective[rank] = state["in"]
+                    pending[connection] = rank
                     continue
-                crashed = self._dead_peer(rank)
-                if crashed is not None:
-                    self._crashed(crashed, doing)
-                self.close(kill=True)
-                if kind == Tag.NOT_SUPPORTED:
-                    raise RankFailure(None, f"rank {rank} raised NotImplementedError: {safe_text(value)}", (rank,))
-                text, traceback = _raised(value)
-                raise RankFailure(FailureKind.RAISED, f"rank {rank} of {self.tp_size} raised while {doing}: {text}", (rank,), traceback)
+                if message.tag in (Tag.RAISE, Tag.NOT_SUPPORTED):
+                    self._failed(rank, message, seq, doing)
+                try:
+                    answers[rank] = accept(message, rank)
+                except WireError as exc:
+                    self._refused(rank, str(exc), doing)
         return [answers[rank] for rank in range(self.tp_size)]
+
+    def _failed(self, rank: int, message, seq: int | None, doing: str) -> None:
+        """A rank raised (or its wrapper raised NotImplementedError): the pool ends, and the failure is raised."""
+        try:
+            reply = from_data(Reply, message.body, f"rank {rank}'s reply")
+        except WireError as exc:
+            self._refused(rank, str(exc), doing)
+        crashed = self._dead_peer(rank)
+        if crashed is not None:
+            self._crashed(crashed, doing)
+        self.close(kill=True)
+        if message.tag == Tag.NOT_SUPPORTED:
+            raise RankFailure(None, f"rank {rank} raised NotImplementedError: {safe_text(reply.message)}", (rank,))
+        error = reply.error
+        text = safe_text(error.text) if error else "an error without its text"
+        traceback = safe_text(error.traceback, TRACEBACK_LIMIT) if error and error.traceback else None
+        raise RankFailure(FailureKind.RAISED, f"rank {rank} of {self.tp_size} raised while {doing}: {text}", (rank,), traceback)
+
+    def _refused(self, rank: int, what: str, doing: str) -> None:
+        self.close(kill=True)
+        raise RankFailure(FailureKind.MALFORMED_REPLY, f"the reply of rank {rank} of {self.tp_size} was refused while {doing}: "
+                          f"{what}; nothing in it was judged, every rank was killed and the next case starts a new pool", (rank,))
 
     def _dead_peer(self, raised: int) -> int | None:
         """A rank that died without an answer shortly after ``raised`` raised (its peers' errors are then its echo).
@@ -188,8 +234,8 @@ class RankPool:
         while time.monotonic() < deadline and not all(self._ranks[r].has_stacks() for r in ranks):
             time.sleep(0.05)
         frames = {r: self._ranks[r].frames() for r in ranks}
-        # a rank blocked in a collective is waiting for a peer: the peers that are elsewhere are the ones that hang
-        waiting = [r for r in ranks if "collectives.py" in frames[r]]
+        # a rank in a collective (its own word, over its pipe) waits for a peer: the peers elsewhere are the ones that hang
+        waiting = [r for r in ranks if self._in_collective.get(r)]
         stuck = [r for r in ranks if r not in waiting] or ranks
         where = [f"rank {r} at {frames[r]}" for r in stuck if frames[r]]
         if waiting and stuck != ranks:

@@ -11,23 +11,25 @@ its calls modified; an exception is answered with its text and its whole traceba
 ``conformance.isolation.worker.prepare_child``: it dies with its parent and dumps its Python stacks into
 the stack file on a fatal signal or on SIGUSR1, which the parent sends to a rank that hangs.
 
-Messages (pickled, one pipe each way, tagged with ``conformance.isolation.protocol.Tag``): the parent's
-configuration dict, answered ``(READY, device description)`` or ``(RAISE, (text, traceback))``; then
-each ``(CASE, TPCase)`` is answered ``(OK, (tensor or None, [modified inputs], [BitDifferences of inputs]))``,
-``(NOT_SUPPORTED, text)`` (NotImplementedError) or ``(RAISE, (text, traceback))``; ``(EXIT, None)`` ends it.
+It talks the dialect of the op worker (``conformance.isolation.protocol``), frames of data
+(``conformance.wire``): the ``config`` is answered ``ready`` (its device and backend) or ``raise``; each
+``call`` (level ``layer``, the case's JSON) is answered ``ok`` with ``{"output": tensor or null,
+"modified": [text], "bit_level": [BitDifferences]}`` (the gathered output on rank 0 only),
+``not_supported`` (``NotImplementedError``) or ``raise``; between them, ``collective`` messages say when
+the rank enters and leaves a collective, so the pool can tell a rank that hangs from one that waits
+for it; ``exit`` ends it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
-import pickle
 import sys
-from multiprocessing.connection import Connection
 
-from conformance.isolation.protocol import Tag
+from conformance.isolation.protocol import Call, RemoteError, Reply, Tag
 from conformance.isolation.worker import prepare_child
-from conformance.text import describe_exception, format_traceback
+from conformance.text import describe_exception
+from conformance.wire import Channel, from_data, to_data
 
 COLLECTIVE_TIMEOUT = dt.timedelta(minutes=10)  # the parent's case timeout ends a hung rank long before
 
@@ -44,26 +46,9 @@ def backend_for(target) -> str:
     return backend
 
 
-def _error_text(exc: BaseException) -> str:
-    """``"TypeName: message (at file:line)"`` in safe text (``conformance.text.describe_exception``): a
-    target's exception can hold surrogates, be 10 MB long or have a ``__str__`` that raises; never raises."""
-    return describe_exception(exc)
-
-
-def _raised(exc: BaseException) -> tuple[str, str]:
-    """What a RAISE reply carries: the one-line text and the whole traceback, from the frame of this module
-    that caught ``exc`` into the target's (``conformance.text.format_traceback``); safe text, never raises."""
-    return _error_text(exc), format_traceback(exc)
-
-
 def main(argv: list[str]) -> int:
-    commands = Connection(int(argv[0]), writable=False)
-    replies = Connection(int(argv[1]), readable=False)
-
-    def reply(*message) -> None:
-        replies.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-    config = pickle.loads(commands.recv_bytes())
+    channel = Channel(int(argv[0]), int(argv[1]))
+    config = channel.receive().body  # from the parent: trusted
     prepare_child(config)  # as the op worker: die with the parent, dump stacks where the parent reads them
     if config.get("device_env"):
         os.environ[config["device_env"]] = config["device"]  # before any device runtime loads
@@ -78,34 +63,41 @@ def main(argv: list[str]) -> int:
     from .collectives import ProcessGroupCollectives
     from .composition import run_rank, tensors_of
     from .inputs import ReadOnlyInputs
+    from .layer_wire import case_from_request
 
     rank, world_size = config["rank"], config["world_size"]
     try:
         target = load(config["target"])
         backend = backend_for(target)
         dist.init_process_group(backend, init_method=f"file://{config['init_file']}", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
-        reply(Tag.READY, {**device_description(target.device.type), "backend": backend})
+        channel.send(Tag.READY, {"device": {**device_description(target.device.type), "backend": backend}})
     except Exception as exc:  # noqa: BLE001 - the parent reports it for every case
-        reply(Tag.RAISE, _raised(exc))
+        channel.send(Tag.RAISE, to_data(Reply(-1, "", error=RemoteError.of(exc))))
         return 1
-    collectives = ProcessGroupCollectives(rank, world_size)
+    current = [-1]  # the call being run, for the collective messages
+    collectives = ProcessGroupCollectives(rank, world_size, lambda inside: channel.send(Tag.COLLECTIVE, {"seq": current[0], "in": inside}))
     while True:
         try:
-            kind, case = pickle.loads(commands.recv_bytes())
+            message = channel.receive()
         except EOFError:  # the parent closed the pipe: the run is over
             break
-        if kind == Tag.EXIT:
+        if message.tag == Tag.EXIT:
             break
+        call = from_data(Call, message.body)
+        current[0] = call.seq
         try:
+            case = case_from_request(call.request)
             target.update_metadata(case_mapping(case))
             watched = ReadOnlyInputs(target)
             output = run_rank(case, tensors_of(case), watched, collectives, rank, target.device)
         except NotImplementedError as exc:
-            reply(Tag.NOT_SUPPORTED, _error_text(exc))
+            channel.send(Tag.NOT_SUPPORTED, to_data(Reply(call.seq, call.case_id, message=describe_exception(exc))))
         except Exception as exc:  # noqa: BLE001 - any exception from the target is the broken outcome
-            reply(Tag.RAISE, _raised(exc))
+            channel.send(Tag.RAISE, to_data(Reply(call.seq, call.case_id, error=RemoteError.of(exc))))
         else:
-            reply(Tag.OK, (output if rank == 0 else None, watched.modified, watched.bit_level))
+            answer = {"output": output if rank == 0 else None, "modified": watched.modified,
+                      "bit_level": [entry.to_json() for entry in watched.bit_level]}
+            channel.send(Tag.OK, {**to_data(Reply(call.seq, call.case_id)), "reply": answer})
     dist.destroy_process_group()
     return 0
 

@@ -25,6 +25,7 @@ from conformance.verdict.metrics import spread
 from .case import TPCase
 from .composition import required_methods
 from .judgement import judge_output
+from .layer_wire import RankAnswer
 from .moe_case import MoETPCase
 from .pool import RankFailure, RankPool
 
@@ -143,7 +144,7 @@ class TPExecutor:
         seconds = time.perf_counter() - started
         results = [self._judged(case, answers, features, seconds) for answers in calls]
         result = next((r for r in results if r.outcome is not Outcome.PASS), results[0])
-        result.determinism = spread([answers[0][0] for answers in calls])
+        result.determinism = spread([answers[0].output for answers in calls])
         if len({(r.outcome, r.kinds) for r in results}) > 1:
             result.stability = "flaky"
             result.message += f" (flaky: {sum(r.outcome is Outcome.PASS for r in results)} of {len(results)} calls passed)"
@@ -156,11 +157,15 @@ class TPExecutor:
         return result
 
     @staticmethod
-    def _judged(case: TPCase | MoETPCase, answers: list, features, seconds: float) -> TPResult:
+    def _judged(case: TPCase | MoETPCase, answers: list[RankAnswer], features, seconds: float) -> TPResult:
         """One call of the case: rank 0's gathered output judged here, every rank's writes into its inputs named."""
-        output = answers[0][0]
-        modified = [(rank, text) for rank, (_, texts, _) in enumerate(answers) for text in texts]
-        input_bits = [(rank, entry) for rank, (_, _, entries) in enumerate(answers) for entry in entries]
+        output = answers[0].output
+        groups = 1 if isinstance(case, MoETPCase) else case.replica_groups
+        if output.dim() != 3 or output.size(0) != groups:  # the judge reads one output per replica group
+            return TPResult(case.case_id, case, Outcome.FAIL, f"the gathered output has shape {tuple(output.shape)}; the layer "
+                            f"gives {groups} output(s) of [tokens, width]", None, features, seconds, kinds=(FailureKind.WRONG_OUTPUT_TYPE,))
+        modified = [(rank, text) for rank, answer in enumerate(answers) for text in answer.modified]
+        input_bits = [(rank, entry) for rank, answer in enumerate(answers) for entry in answer.bit_level]
         verdict, message, slots, ranks, kinds = judge_output(case, output)
         measurement = verdict.measurement
         if measurement is not None and input_bits:  # inputs with equal values and other bits: recorded, not failed

@@ -31,13 +31,14 @@ class FailureKind(str, enum.Enum):
     RAISED = "raised"  # the target raised an exception
     CRASHED = "crashed"  # the process running the case died (signal, os._exit)
     TIMED_OUT = "timed out"  # the case ran past --case-timeout and was stopped
+    MALFORMED_REPLY = "malformed reply"  # what the target's process sent back is not data the referee accepts
     # the harness, not the target
     NO_RESULT = "no result"  # an expected case has no result at all (the run was killed, a shard is missing)
 
     @property
     def broken(self) -> bool:
         """Whether this kind means the target did not return normally."""
-        return self in (FailureKind.RAISED, FailureKind.CRASHED, FailureKind.TIMED_OUT)
+        return self in (FailureKind.RAISED, FailureKind.CRASHED, FailureKind.TIMED_OUT, FailureKind.MALFORMED_REPLY)
 
     @property
     def doc(self) -> str:
@@ -66,6 +67,10 @@ KIND_DOCS = {
     FailureKind.CRASHED: "the process running the case died (a signal such as SIGSEGV or SIGABRT, or an exit from "
     "native code); the harness restarted it and went on",
     FailureKind.TIMED_OUT: "the case ran past --case-timeout; the harness stopped the process and went on",
+    FailureKind.MALFORMED_REPLY: "the target's process sent back something the referee does not accept as data: not a "
+    "frame of the wire (a pickle, say), a tensor larger than the case allows, an unknown dtype, bytes that do not match "
+    "their shape, a record of the wrong type, a reply to another case; nothing in it was judged, and the process was "
+    "stopped",
     FailureKind.NO_RESULT: "an expected case has no result (the run was killed before it, or its shard is missing)",
 }
 

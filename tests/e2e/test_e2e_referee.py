@@ -1,7 +1,7 @@
 """The two halves of an end-to-end case: the target's side produces plain data, the referee judges it.
 
 The referee (the float64 reference and the judgement) must never share a process with the target's code,
-so it imports none of it, and what the target's side hands over is plain picklable data the referee does
+so it imports none of it, and what the target's side hands over is plain data (JSON across the pipe) the referee does
 not trust: a production tampered with after the fact fails, a malformed one is not judged as if it were
 whole, and repetitions of a production are compared bit for bit.
 """
@@ -9,7 +9,6 @@ whole, and repetitions of a production are compared bit for bit.
 from __future__ import annotations
 
 import json
-import pickle
 import subprocess
 import sys
 from dataclasses import replace
@@ -21,11 +20,12 @@ from fault_targets import PlainTorchTarget
 
 from conformance.e2e.cases import E2ECase
 from conformance.e2e.generation import Generation, Request, Step, slot_assignment
-from conformance.e2e.production import RAISED, RAN, BatchRun, E2EProduction, batch_plan, plain_generation
+from conformance.e2e.production import RAISED, RAN, BatchRun, E2EProduction, batch_plan, plain_generation, read_production
 from conformance.e2e.referee import E2EReferee
 from conformance.e2e.run import E2ERunner
 from conformance.e2e.target_runner import E2ETargetRunner
 from conformance.verdict import FailureKind, Outcome
+from conformance.wire import WireError, to_data
 
 # the one-slot batch: base, all-linear-r16-rslora, base, all-linear-r16-rslora (slots -1, 0, -1, 0)
 TEACHER_FORCED = E2ECase("teacher_forced_logits", "one-slot", "float32", False)
@@ -76,19 +76,21 @@ def slot_of(case: E2ECase, request: int) -> int:
 
 # -- the referee runs nowhere near a target -------------------------------------------------------
 
-def test_the_referee_imports_no_target_and_judges_a_pickled_production_in_a_process_of_its_own(tmp_path, productions):
-    """What the harness does: the target's production crosses a pipe as bytes; the referee's process loads
-    them and judges them without importing the target, its module, vLLM or the target's side of the suite."""
-    (tmp_path / "production.pickle").write_bytes(pickle.dumps(productions[GREEDY.kind]))
+def test_the_referee_imports_no_target_and_judges_a_production_sent_as_data_in_a_process_of_its_own(tmp_path, productions):
+    """What the harness does: the target's production crosses a pipe as JSON; the referee's process reads it back
+    from its declared types and judges it without importing the target, its module, vLLM or the target's side."""
+    (tmp_path / "production.json").write_text(json.dumps(to_data(productions[GREEDY.kind])))
     script = f"""
-import json, pickle, sys
+import json, sys
 from pathlib import Path
 from conformance.e2e.cases import E2ECase
+from conformance.e2e.production import read_production
 from conformance.e2e.referee import E2EReferee
 referee = E2EReferee()
 case = E2ECase("greedy_generation", "one-slot", "float32", False)
 referee.continuations(case)
-result = referee.judge(case, pickle.loads(Path({str(tmp_path / "production.pickle")!r}).read_bytes()))
+data = json.loads(Path({str(tmp_path / "production.json")!r}).read_text())
+result = referee.judge(case, read_production(data, case, 1))
 print(json.dumps({{"outcome": result.outcome.value, "modules": sorted(sys.modules)}}))
 """
     completed = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -106,12 +108,16 @@ print(json.dumps({{"outcome": result.outcome.value, "modules": sorted(sys.module
     assert "conformance.targets.reference" in targets  # the golden reference is the referee's own code
 
 
-def test_a_production_is_plain_data_that_unpickles_without_torch_or_the_target(productions):
-    for production in productions.values():
+def test_a_production_is_plain_data_that_round_trips_as_json(productions):
+    for kind, production in productions.items():
         assert production.status == RAN
-        data = pickle.dumps(production)
-        assert b"torch" not in data and b"fault_targets" not in data
-        assert pickle.loads(data) == production
+        data = json.loads(json.dumps(to_data(production)))
+        case = {TEACHER_FORCED.kind: TEACHER_FORCED, GREEDY.kind: GREEDY}[kind]
+        assert read_production(data, case, production.runs) == production, kind
+        with pytest.raises(WireError, match="not"):
+            read_production({**data, "case_id": "another-case"}, case, production.runs)
+        with pytest.raises(WireError, match="repetition"):
+            read_production(data, case, production.runs - 1)
 
 
 def test_an_engines_tensors_and_subclasses_become_plain_values():
@@ -122,7 +128,7 @@ def test_an_engines_tensors_and_subclasses_become_plain_values():
     plain = plain_generation(Generation(Request("p", None), (torch.tensor(1), 2), (step,)))
     assert type(plain.steps[0]) is Step and plain.steps[0] == Step(3, -0.25, ((3, -0.25),))
     assert plain.prompt_ids == (1, 2) and all(type(t) is int for t in plain.prompt_ids)
-    assert b"torch" not in pickle.dumps(plain)
+    assert json.loads(json.dumps(to_data(plain))) == to_data(plain)
 
 
 # -- the referee judges what it is handed, and trusts none of it -----------------------------------
@@ -190,7 +196,7 @@ def test_a_raising_target_is_broken_with_its_whole_traceback(referee):
     assert production.traceback.startswith("Traceback (most recent call last):")
     assert 'target_runner.py", line' in production.traceback and "in add_lora_linear" in production.traceback
     assert production.traceback.endswith("RuntimeError: the kernel fell over")
-    result = referee.judge(GREEDY, pickle.loads(pickle.dumps(production)))
+    result = referee.judge(GREEDY, read_production(json.loads(json.dumps(to_data(production))), GREEDY, 1))
     assert result.outcome is Outcome.BROKEN and result.kinds == (FailureKind.RAISED,)
     assert result.traceback == production.traceback and result.to_json()["traceback"] == production.traceback
 

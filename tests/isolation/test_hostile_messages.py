@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import re
 import subprocess
 import sys
@@ -24,7 +23,8 @@ from pathlib import Path
 import pytest
 from misbehaving_targets import RaisesSurrogates, UnprintableError
 
-from conformance.isolation.child import _portable
+from conformance.isolation.protocol import RemoteError
+from conformance.wire import from_data, to_data
 
 TESTS = Path(__file__).resolve().parents[1]
 if str(TESTS / "isolation") not in sys.path:
@@ -141,10 +141,11 @@ def test_a_journal_holding_surrogates_is_rebuilt_and_resumed(tmp_path):
     (tmp_path / "report.html").read_text(encoding="utf-8")
 
 
-def test_the_worker_sends_back_a_picklable_exception_in_safe_text_whatever_was_raised():
-    """``conformance.isolation.child._portable``: what the worker process sends its parent for an exception."""
+def test_the_worker_sends_back_an_exception_as_safe_text_and_the_referee_raises_only_builtins():
+    """``conformance.isolation.protocol.RemoteError``: what the worker process sends its parent for an exception
+    (text, across the wire as data) and what the parent raises for it: the builtin of that name, else RuntimeError."""
 
-    class Local(Exception):  # a class pickle cannot find by name
+    class Local(Exception):  # a class of the worker's that the referee must never look up
         pass
 
     def raised(exc: BaseException) -> BaseException:
@@ -153,15 +154,22 @@ def test_the_worker_sends_back_a_picklable_exception_in_safe_text_whatever_was_r
         except BaseException as caught:  # noqa: BLE001
             return caught
 
-    clean = pickle.loads(pickle.dumps(_portable(raised(ValueError("plain")))))
-    assert type(clean) is ValueError and str(clean) == "plain" and "raised in the isolated worker process" in clean.__notes__[0]
+    def across(exc: BaseException) -> Exception:
+        data = json.loads(json.dumps(to_data(RemoteError.of(raised(exc)))))
+        return from_data(RemoteError, data).exception("the isolated worker process 1")
+
+    clean = across(ValueError("plain"))
+    assert type(clean) is ValueError and "ValueError: plain" in str(clean) and "raised in the isolated worker process" in str(clean)
     for exc, words in (
         (UnprintableError("x"), "UnprintableError: <str() raised ValueError; repr() raised ValueError>"),
         (RuntimeError(RaisesSurrogates.MESSAGE), "RuntimeError: driver said \\udcff\\udcfe at \\x00 then \\x1b[31m"),
         (RuntimeError("y" * 10_000_000), "characters cut"),
         (Local("local"), "Local: local"),
     ):
-        sent = pickle.loads(pickle.dumps(_portable(raised(exc))))
+        sent = across(exc)
         text = str(sent)
         assert type(sent) is RuntimeError and words in text and "raised in the isolated worker process" in text, text[:500]
-        assert not UNSAFE.search(text.replace("\n", "")) and len(text) < 20_000
+        assert not UNSAFE.search(text.replace("\n", "")) and len(text) < 60_000
+    # a type name the worker chose is looked up among the builtin exceptions only
+    for name in ("SystemExit", "KeyboardInterrupt", "exec", "__import__", "os.system", "UnicodeDecodeError"):
+        assert type(RemoteError(name, "text").exception("a worker")) is RuntimeError, name

@@ -71,8 +71,11 @@ def test_a_process_the_target_started_is_killed_and_named_when_the_worker_closes
     executor = IsolatedExecutor("grandchild_targets:StartsAGrandchildWhenLoaded", case_timeout=60)
     try:
         executor.start()
-        executor._call("device_description", (), 60, "reading the device")  # the target is loaded: its process runs
+        executor._await_ready(60, "reading the device")  # the target is loaded: its process runs
         (pid,) = recorded_pids(pid_file)
+        deadline = time.monotonic() + 10  # under load, /proc may show the child before its exec of sleep
+        while not is_running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert is_running(pid), "the target's process should run while its worker lives"
     finally:
         executor.close()

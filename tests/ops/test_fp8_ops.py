@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import pickle
+import os
+import threading
 
 import pytest
 import torch
@@ -22,10 +23,10 @@ from fault_targets import FP8_FAULTS, MOE_FP8_FAULTS, Fp8ScaledAfterSumTarget, F
 from conformance.cases.fp8_values import FP8_MAX, GAUDI2_FP8_MAX
 from conformance.cases.values import generator_for
 from conformance.generator.profiles import profile_cases
-from conformance.isolation.protocol import dumps
 from conformance.ops import OP_SPECS
 from conformance.runner import run_case
 from conformance.verdict import FailureKind, Outcome
+from conformance.wire import Channel
 
 FP8_OPS = ("lora_shrink_fp8", "lora_expand_fp8")
 
@@ -118,12 +119,21 @@ def test_a_weight_scale_rounded_to_bf16_is_a_systematic_error_in_16_bit_outputs(
 
 
 def test_fp8_values_cross_the_worker_pipe_bit_for_bit(fp8_smoke_cases):
-    """The worker gets a case's values pickled (``conformance.isolation.protocol.dumps``): fp8 tensors, which
-    torch's own pickling cannot load back, must arrive as the same bytes, dtype and strides."""
+    """The worker gets a case's values as frames of the wire (``conformance.wire``): fp8 tensors must arrive as
+    the same bytes, dtype and strides."""
     case_id, case = fp8_smoke_cases[-1]
     values = OP_SPECS[case.op].make_values(case, generator_for(case))
     values["x.t"] = values["x"].transpose(-1, -2)  # a strided view too
-    arrived = pickle.loads(dumps(("call", values)))[1]
+    read, write = os.pipe()
+    sender, receiver = Channel(None, write), Channel(read, None)
+    try:
+        thread = threading.Thread(target=sender.send, args=("call", values))
+        thread.start()
+        arrived = receiver.receive().body
+        thread.join()
+    finally:
+        sender.close()
+        receiver.close()
     for name, value in values.items():
         got = arrived[name]
         assert got.dtype == value.dtype and got.shape == value.shape and got.stride() == value.stride(), name
