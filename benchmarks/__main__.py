@@ -1,10 +1,13 @@
-"""``python -m benchmarks [all|ops|moe|suite] [--quick | --smoke-test] [--threads N] [--docs DIR]``.
+"""``python -m benchmarks [all|ops|moe|suite|isolation] [--quick | --smoke-test] [--threads N] [--docs DIR]``.
 
 * ``ops``: the LoRA ops at Llama-3 shapes → ``docs/benchmarks.md`` (about 20 min; ``--quick`` a few);
 * ``moe``: the fused-MoE LoRA ops at Mixtral, Qwen3-MoE, DeepSeek-V3 and gpt-oss shapes → ``docs/benchmarks-moe.md``
   (``--quick``: T 1 and 64; ``--models``, ``--implementations``, ``--tokens``: a subset, said so in the page);
 * ``suite``: the suite's wall time on hpu-emulated → ``docs/benchmarks-suite.md`` (``--quick``: smoke only);
-* ``all`` (default): all three;
+* ``isolation``: the same cases judged with the target isolated and in-process, side by side, the ratio
+  printed → ``docs/benchmarks-isolation.md`` (``--profiles``: one profile, default standard; ``--rounds``;
+  ``--quick``: smoke, the op cases only);
+* ``all`` (default): ops, moe and suite;
 * ``--smoke-test``: tiny shapes and no suite runs, in-process, into ``--docs`` (CI checks the code path).
 """
 
@@ -17,12 +20,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from . import machine, moe, ops, suite
+from . import isolation, machine, moe, ops, suite
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
-    parser.add_argument("part", nargs="?", choices=("all", "ops", "moe", "suite"), default="all")
+    parser.add_argument("part", nargs="?", choices=("all", "ops", "moe", "suite", "isolation"), default="all")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="a few-minute subset")
     mode.add_argument("--smoke-test", action="store_true", help="tiny shapes, in-process, seconds (for CI)")
@@ -38,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="moe subset: implementations, comma-separated (default all of benchmarks.moe_workload.IMPLEMENTATIONS)")
     parser.add_argument("--adapters", default=None, help="op subset: adapter counts, comma-separated (default 1,8)")
     parser.add_argument("--profiles", default=None, help="suite profiles, comma-separated (default smoke,standard,release)")
+    parser.add_argument("--rounds", type=int, default=2, help="isolation: alternating pairs of runs per part (default 2)")
     args = parser.parse_args(argv)
     command = "python -m benchmarks " + shlex.join(argv if argv is not None else sys.argv[1:])
     args.docs.mkdir(parents=True, exist_ok=True)
@@ -78,6 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         lines = suite.report(measured, command, machine.describe(load, "1 per pytest process (the suite's default)"))
         (args.docs / "benchmarks-suite.md").write_text("\n".join(lines))
         print(f"wrote {args.docs / 'benchmarks-suite.md'}")
+    if args.part == "isolation" and not args.smoke_test:
+        load = machine.load_average()
+        profile = args.profiles or ("smoke" if args.quick else "standard")
+        parts = ("op cases",) if args.quick else ("op cases", "all")
+        measured = isolation.run_all(profile, parts, args.rounds)
+        lines = isolation.report(measured, command, machine.describe(load, "1 per pytest process (the suite's default)"))
+        (args.docs / "benchmarks-isolation.md").write_text("\n".join(lines))
+        isolation.print_ratios(measured)
+        print(f"wrote {args.docs / 'benchmarks-isolation.md'}")
     return 0
 
 

@@ -16,34 +16,13 @@ its environment; a serial run takes the first device.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+from conformance.targets.device_traits import VISIBLE_DEVICES_ENV
+from conformance.targets.facts import TargetFacts
+
+if TYPE_CHECKING:  # pytest is this module's caller (the plugin), never imported for it
     import pytest
-
-    from conformance.targets.facts import TargetFacts
-
-# The built-in device types' facts; a target on another device type states its own (Target.device_traits).
-VISIBLE_DEVICES_ENV = {"hpu": "HABANA_VISIBLE_MODULES", "cuda": "CUDA_VISIBLE_DEVICES"}
-DISTRIBUTED_BACKEND = {"cpu": "gloo", "cuda": "nccl", "hpu": "hccl"}
-
-
-@dataclass(frozen=True)
-class DeviceTraits:
-    """What the harness must know of a device type: which variable selects one device of it (for
-    ``--devices``), which ``torch.distributed`` backend its tensor-parallel ranks use (None: the target
-    runs no tensor-parallel case, reported not supported), and its name."""
-
-    type: str
-    visible_devices_env: str | None
-    distributed_backend: str | None
-
-    @classmethod
-    def builtin(cls, device_type: str) -> DeviceTraits:
-        """The traits the suite knows for ``device_type`` (None where it knows none)."""
-        return cls(device_type, VISIBLE_DEVICES_ENV.get(device_type), DISTRIBUTED_BACKEND.get(device_type))
-
 
 # The errors below are ValueErrors, so that a run driven from a script (conformance.session) gets them
 # too; the plugin turns them into pytest usage errors.

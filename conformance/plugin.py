@@ -40,7 +40,6 @@ lines (``conformance.report.progress``).
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
 import pytest
@@ -53,7 +52,7 @@ from conformance.generator import DEFAULT_PROFILE, PROFILES
 from conformance.isolation import ISOLATION_MODES
 from conformance.levels import KINDS, kind_of
 from conformance.record import CaseResult
-from conformance.report.allure_results import label_clusters, label_current_test, write_results_extras
+from conformance.report.allure_results import write_allure_results
 from conformance.report.junit import write_junit
 from conformance.report.progress import Progress
 from conformance.session import ConformanceRun, RunError, RunSettings
@@ -170,6 +169,7 @@ _MANIFEST_KEY = pytest.StashKey[dict]()  # the run's manifest, once the cases ar
 _DOCUMENT_KEY = pytest.StashKey[dict]()  # the results document, for the summary's lines once it is written
 _SHARD_SOURCE_KEY = pytest.StashKey[tuple]()  # (where the shard came from, for the manifest; the line to print)
 _JUNIT_KEY = pytest.StashKey[Path]()  # where junit.xml is written from the results document
+_ALLURE_KEY = pytest.StashKey[Path]()  # where the Allure results are written from the results document
 _FACTS_INPUT = "lora_conformance_target_facts"  # the controller's TargetFacts, handed to each xdist worker
 
 
@@ -213,6 +213,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if not conformance_requested(config):
         return
     torch.set_num_threads(config.option.torch_threads)
+    if not _logs_asked_for(config):
+        # pytest's log capture attaches a handler to every non-propagating logger (torch and vLLM make
+        # dozens) in each phase of each case: ~1.3 ms a case, a tenth of the referee's share. No verdict
+        # reads a log record; what the target logs goes to its process's output, captured with it.
+        config.pluginmanager.set_blocked("logging-plugin")
     for kind in KINDS:
         for marker, meaning in kind.markers.items():
             config.addinivalue_line("markers", f"{marker}: {meaning}")
@@ -233,7 +238,6 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     except (RunError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    run.on_record = lambda record: label_current_test(record, run.seed)
     for name in ("target", "profile", "seed", "shard", "report_dir", "expectations"):  # as the run settled them
         setattr(option, name, getattr(settings, name))
     config.stash[_RUN_KEY] = run
@@ -248,6 +252,13 @@ def pytest_configure(config: pytest.Config) -> None:
         if config.option.progress_every >= 0:
             progress = Progress(config, config.option.progress_every, plan=run.support_plan, workers=_case_processes(config))
             config.pluginmanager.register(progress, "lora-conformance-progress")
+
+
+def _logs_asked_for(config: pytest.Config) -> bool:
+    """Whether the command line or the ini file asks pytest to show, store or level its logs."""
+    option = config.option
+    asked = (getattr(option, name, None) for name in ("log_level", "log_file", "log_cli_level", "log_format"))
+    return any(asked) or bool(config.getini("log_cli")) or bool(config.getini("log_file"))
 
 
 def _target_facts(config: pytest.Config, target_name: str | None) -> TargetFacts | None:
@@ -292,11 +303,11 @@ def _default_artifact_paths(config: pytest.Config, run: ConformanceRun) -> None:
     option = config.option
     config.stash[_JUNIT_KEY] = Path(getattr(option, "xmlpath", None) or run.report_dir / "junit.xml")
     option.xmlpath = None
-    if getattr(option, "allure_report_dir", "absent") is None:
-        option.allure_report_dir = str(run.report_dir / "allure-results")
-        # results of an earlier run would mix into this one (workers never clean); a resumed run adds to its own
-        if run.controller and run.resume_manifest is None:
-            shutil.rmtree(option.allure_report_dir, ignore_errors=True)
+    # Allure's results are written from the document at the end (conformance.report.allure_results); allure-pytest's
+    # own per-test listener, which --alluredir would start, stays off
+    config.stash[_ALLURE_KEY] = Path(getattr(option, "allure_report_dir", None) or run.report_dir / "allure-results")
+    if hasattr(option, "allure_report_dir"):
+        option.allure_report_dir = None
 
 
 def _case_processes(config: pytest.Config) -> int:
@@ -355,7 +366,7 @@ class ControllerRecords:
             f"the pytest worker {getattr(worker, 'id', '?')} died while running this case (xdist started another; "
             "it reports no signal: rerun with the default --isolation=process to see it)"
         )
-        run.record(run.broken(case_id, case, FailureKind.CRASHED, message), label=False)
+        run.record(run.broken(case_id, case, FailureKind.CRASHED, message))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -447,10 +458,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     document = run.build_document(config.stash[_MANIFEST_KEY], workers=workers, pytest_exitstatus=exitstatus)
     run.write_document(document)
     write_junit(document, config.stash[_JUNIT_KEY])
-    if getattr(config.option, "allure_report_dir", None):
-        write_results_extras(config.option.allure_report_dir, document["environment"])
-    if getattr(config.option, "allure_report_dir", None):  # allure-pytest wrote each result as its case ended
-        label_clusters(config.option.allure_report_dir, document)
+    write_allure_results(document, config.stash[_ALLURE_KEY])
     config.stash[_DOCUMENT_KEY] = document
     gate = config.stash[_GATE_KEY] = document["gate"]
     if not gate["passed"] and session.exitstatus == 0:
@@ -495,5 +503,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     write(f"results: {run.report_dir / 'results.json'}")
     write(f"report: {run.report_dir / 'report.html'}")
     write(f"junit: {config.stash[_JUNIT_KEY]}")
-    if getattr(config.option, "allure_report_dir", None):
-        write(f"allure results: {config.option.allure_report_dir} (HTML: python -m conformance.report allure {run.report_dir})")
+    write(f"allure results: {config.stash[_ALLURE_KEY]} (HTML: python -m conformance.report allure {run.report_dir})")

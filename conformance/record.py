@@ -59,7 +59,9 @@ class CaseResult:
         return self.kinds[0] if self.kinds else None
 
     @property
-    def level(self) -> Level:
+    def level(self) -> Level | str:
+        """The level the record names: an op's (kernel or wrapper); a level of another kind says its own
+        (a ``Level`` of the built-in ones, or the name of a level an installed package adds)."""
         return OP_SPECS[self.case.op].level
 
     def measurement_json(self) -> dict | None:
@@ -71,7 +73,7 @@ class CaseResult:
         record = {
             "id": self.case_id,
             "op": self.case.op,
-            "level": self.level.value,
+            "level": self.level.value if isinstance(self.level, Level) else str(self.level),
             "dtype": self.case.dtype,
             "family": self.case.family,
             "features": sorted(self.features),

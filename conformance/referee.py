@@ -59,8 +59,8 @@ class Oracle:
         # dtype, so the later runs reuse what the first built (a few percent of a wrapper case's time).
         reference = ReferenceTarget()
         exact = as_float64(values)  # converted once: the oracle, its delta and its magnitude all read it
-        output = execute(spec, case, exact, reference, CPU)[spec.output]
-        baseline = execute(spec, case, values, reference, CPU, update_metadata=False)[spec.output]
+        output = execute(spec, case, exact, reference, CPU, outputs_only=True)[spec.output]
+        baseline = execute(spec, case, values, reference, CPU, update_metadata=False, outputs_only=True)[spec.output]
         return cls(output, baseline, oracle_delta(spec, case, exact, reference), oracle_magnitude(spec, case, exact, reference))
 
 
@@ -73,7 +73,7 @@ def oracle_delta(spec: OpSpec, case: Case, values: Tensors, reference: Reference
     ``values`` in the case dtype or already in float64; ``reference`` already holds the case's mapping."""
     zeroed = as_float64(values)
     zeroed[spec.output] = torch.zeros_like(zeroed[spec.output])
-    return execute(spec, case, zeroed, reference, CPU, update_metadata=False)[spec.output]
+    return execute(spec, case, zeroed, reference, CPU, update_metadata=False, outputs_only=True)[spec.output]
 
 
 def oracle_magnitude(spec: OpSpec, case: Case, values: Tensors, reference: ReferenceTarget) -> torch.Tensor:
@@ -86,7 +86,7 @@ def oracle_magnitude(spec: OpSpec, case: Case, values: Tensors, reference: Refer
     (``conformance.verdict.tolerances``).
     ``values`` in the case dtype or already in float64; ``reference`` already holds the case's mapping."""
     absolute = {name: value.abs() if value.is_floating_point() else value for name, value in as_float64(values).items()}
-    return execute(spec, case, absolute, reference, CPU, update_metadata=False)[spec.output]
+    return execute(spec, case, absolute, reference, CPU, update_metadata=False, outputs_only=True)[spec.output]
 
 
 def describe_rows(rows: tuple[int, ...], row_slots: tuple[int, ...], limit: int = 8, uncovered: frozenset[int] = frozenset()) -> str:

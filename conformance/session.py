@@ -20,6 +20,7 @@ import datetime as dt
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from conformance.generator import DEFAULT_PROFILE, PROFILES
 from conformance.generator.cache import hypothesis_version
 from conformance.isolation import IsolatedExecutor, LocalExecutor
 from conformance.levels import KINDS, CaseKind, kind_of
+from conformance.levels.context import LevelContext
 from conformance.record import CaseResult
 from conformance.report import write_html_report
 from conformance.report.document import results_document
@@ -165,7 +167,11 @@ class ConformanceRun:
         except ValueError as exc:
             raise RunError(str(exc)) from None
         self.device_env = settings.device_env
-        self.on_record = None  # called with each result's record before it is journalled (Allure labels)
+        self.context = LevelContext(
+            self.target_name, self.profile, self.seed, self.repeat, self.require_deterministic, self.shrink, self.case_timeout,
+            self.report_dir, self.suite_version, provide_executor=lambda: self.executor,
+            provide_tp_executor=lambda: self.tp_executor, provide_e2e_referee=lambda: self.e2e_referee,
+        )  # what each level's run sees of this session (conformance.levels.context)
 
     @staticmethod
     def _resume(settings, selection: dict | None = None) -> dict | None:
@@ -277,8 +283,7 @@ class ConformanceRun:
         return self._cases_by_id
 
     def test_node_id(self, case_id: str) -> str:
-        """The pytest node id of a case: every level's cases are one test, ``test_case`` (``conformance.plugin``)."""
-        return journal.node_id(case_id)
+        return self.context.test_node_id(case_id)
 
     def manifest(self, expected: list[str]) -> dict:
         """The run's manifest (``conformance.journal``), for the cases collected after ``-k``/``-m``."""
@@ -314,7 +319,7 @@ class ConformanceRun:
         return self._e2e_referee
 
     def repro_command(self, replay_path: Path) -> str:
-        return f"pytest conformance --target={self.target_name} --replay {replay_path}"
+        return self.context.repro_command(replay_path)
 
     def unsupported_reason(self, case) -> str | None:
         """Why the target does not run ``case``, from its facts alone (its level's ``unsupported_reason``), or None."""
@@ -339,11 +344,11 @@ class ConformanceRun:
         if reason is not None:
             result = kind.result_type(case_id, case, Outcome.NOT_SUPPORTED, reason, features=kind.features(case))
         else:
-            result = kind.run(self, case_id, case, values)
+            result = kind.run(self.context, case_id, case, values)
         result = apply_expectations(result, self.expectations, self.today)
         shrunk = None
         if result.outcome in (Outcome.FAIL, Outcome.BROKEN, Outcome.KNOWN_FAILURE):
-            shrunk = kind.after_failure(self, result, values)
+            shrunk = kind.after_failure(self.context, result, values)
         self.record(result, shrunk=shrunk)
         return result
 
@@ -351,14 +356,12 @@ class ConformanceRun:
         """The broken result of a case that did not return, at its own level."""
         return kind_of(case, self.kinds).broken(case_id, case, kind, message)
 
-    def record(self, result: CaseResult, *, label: bool = True, shrunk: dict | None = None) -> None:
+    def record(self, result: CaseResult, *, shrunk: dict | None = None) -> None:
         """Journal the result (the results schema, ``CaseResult.to_json``, with ``shrunk`` where ``--shrink``
-        found a smaller case), after ``on_record`` saw it."""
-        record = {**result.to_json(), "worker": self.worker}
+        found a smaller case, and when it finished: the Allure results are written from the journals)."""
+        record = {**result.to_json(), "worker": self.worker, "finished": round(time.time(), 3)}
         if shrunk:
             record["shrunk"] = shrunk
-        if label and self.on_record is not None:
-            self.on_record(record)
         self.journal.append(record)
 
     def worker_info(self) -> dict:

@@ -86,11 +86,18 @@ def call_tensors(spec: OpSpec, call: OpCall) -> dict[str, torch.Tensor]:
     return found
 
 
-def prepare(spec: OpSpec, case: Case, values: Tensors, device: torch.device, *, copy: bool = True) -> tuple[Tensors, OpCall]:
+def prepare(spec: OpSpec, case: Case, values: Tensors, device: torch.device, *, copy: bool = True,
+            outputs_only: bool = False) -> tuple[Tensors, OpCall]:
     """Fresh copies of ``values`` on ``device`` (``values`` themselves with ``copy=False``, for a call that
-    is never made), the call made of them, and every tensor the call hands over: the values by their own
-    names, the metadata the call built by parameter name."""
-    tensors = {name: value.to(device).clone() for name, value in values.items()} if copy else dict(values)
+    is never made; fresh copies of the outputs only with ``outputs_only``, for the golden reference, which reads
+    its inputs and nothing else), the call made of them, and every tensor the call hands over: the values by
+    their own names, the metadata the call built by parameter name."""
+    if not copy:
+        tensors = dict(values)
+    elif outputs_only:
+        tensors = {name: value.to(device).clone() if name in spec.outputs else value.to(device) for name, value in values.items()}
+    else:
+        tensors = {name: value.to(device).clone() for name, value in values.items()}
     call = spec.make_call(case, tensors, device)
     handed = dict(tensors)
     storages = {tensor.untyped_storage().data_ptr() for tensor in tensors.values()}
@@ -106,15 +113,17 @@ def handed_tensors(spec: OpSpec, case: Case, values: Tensors) -> Tensors:
     return prepare(spec, case, values, torch.device("cpu"), copy=False)[0]
 
 
-def execute(spec: OpSpec, case: Case, values: Tensors, impl, device: torch.device, *, update_metadata: bool = True) -> Tensors:
+def execute(spec: OpSpec, case: Case, values: Tensors, impl, device: torch.device, *, update_metadata: bool = True,
+            outputs_only: bool = False) -> Tensors:
     """Run ``spec`` once on copies of ``values`` moved to ``device``; every handed tensor afterwards, on the CPU.
 
     ``update_metadata=False`` reuses the mapping ``impl`` was given by an earlier ``execute`` of the
-    same case (the reference's oracle and baseline runs share one).
+    same case (the reference's oracle and baseline runs share one). ``outputs_only``: copy the outputs only (the
+    referee's own runs of the golden reference, which never writes its inputs: a target always gets copies).
     """
     if spec.level == Level.WRAPPER and update_metadata:
         impl.update_metadata(case_mapping(case))
-    handed, call = prepare(spec, case, values, device)
+    handed, call = prepare(spec, case, values, device, outputs_only=outputs_only)
     getattr(impl, spec.name)(*call.args, **call.kwargs)
     impl.synchronize()
     return {name: tensor.cpu() for name, tensor in handed.items()}

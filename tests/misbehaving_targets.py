@@ -169,3 +169,22 @@ class AbortsWhileLoading(HpuEmulatedTarget):
 
     def __init__(self) -> None:
         os.abort()
+
+
+class SumsInBfloat16(HpuEmulatedTarget):
+    """Patches ``torch.sum`` in its own process when it loads, so that every float32 sum comes back rounded to
+    bfloat16: the ``device_sum`` level (examples/custom_level) must fail it, which it can only do if that
+    level's half runs where the target's code runs and its judgement where the target's code cannot reach."""
+
+    name = "sums-in-bfloat16"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        import torch
+
+        exact_sum = torch.sum
+
+        def bfloat16_sum(*args, **kwargs):
+            return exact_sum(*args, **kwargs).to(torch.bfloat16).to(torch.float32)
+
+        torch.sum = bfloat16_sum

@@ -13,9 +13,10 @@ not an edge of the importing module: the rules below are about what a module nam
 * ``conformance.tp.pool`` starts its ranks with it and does not import the op executor
   (``conformance.isolation.process``) nor the op runner (``conformance.runner``).
 
-* No cycle over top-level imports (a strongly connected component of more than one module); the
-  failure names every one. Function-local imports may still close a cycle (they run after every
-  module loaded): ``python tests/test_layers.py`` prints those cycles too.
+* No cycle of any kind (a strongly connected component of more than one module): over top-level,
+  function-local and type-only imports (``if TYPE_CHECKING:``) alike. A type-only import never runs,
+  but a cycle through it is still two modules that each need the other to be read; the failure names
+  every module of every cycle.
 """
 
 from __future__ import annotations
@@ -51,10 +52,9 @@ class _Imports(ast.NodeVisitor):
         self._type_checking = 0  # `if TYPE_CHECKING:` blocks around it (no import at run time)
 
     def _add(self, target: str) -> None:
-        if self._type_checking:  # for annotations only: never runs, so no edge
-            return
         if target == PACKAGE or target.startswith(PACKAGE + "."):
-            self.edges.append((target, self._depth == 0))
+            # a type-only import is an edge of the graph, never one that runs at import time
+            self.edges.append((target, self._depth == 0 and not self._type_checking))
 
     def _function(self, node) -> None:
         self._depth += 1
@@ -195,7 +195,7 @@ def test_the_rank_pool_does_not_import_the_op_executor_or_runner():
 
 
 def test_no_module_imports_itself_through_others():
-    """No cycle, over top-level and function-local imports alike (``if TYPE_CHECKING:`` imports never run)."""
+    """No cycle, over top-level, function-local and type-only imports alike."""
     cycles = strongly_connected(import_graph())
     assert not cycles, f"import cycles under {PACKAGE}/:\n{describe_cycles(cycles)}"
 
@@ -234,3 +234,27 @@ def test_the_conftest_registers_every_hook_and_fixture_of_the_plugin():
     fixtures = {name for name, value in vars(plugin).items() if hasattr(value, "_fixture_function_marker") or
                 type(value).__name__ == "FixtureFunctionDefinition"}
     assert hooks | fixtures == set(plugin.__all__), sorted((hooks | fixtures) ^ set(plugin.__all__))
+
+
+# The layers, bottom up: a module may import its own layer and those below, never one above. The front
+# ends (the plugin, the CLI, the session) drive the levels; a level sees a LevelContext, not the session;
+# the wire and the target side know nothing of the referee's front ends.
+LAYERS_ABOVE = {
+    "conformance.wire": ("conformance.",),  # the wire imports nothing of the suite but itself
+    # (the machine's fingerprint, conformance.report.fingerprint, is a leaf that describes a device for both sides)
+    "conformance.targets": ("conformance.levels", "conformance.session", "conformance.plugin", "conformance.referee", "conformance.gate"),
+    "conformance.levels": ("conformance.session", "conformance.plugin", "conformance.cli"),
+    "conformance.session": ("conformance.plugin", "conformance.cli"),
+}
+
+
+def test_no_layer_imports_one_above_it():
+    graph = import_graph()
+    wrong = []
+    for layer, above in LAYERS_ABOVE.items():
+        for module, imported in graph.items():
+            if module != layer and not module.startswith(layer + "."):
+                continue
+            wrong += [f"{module} imports {m}" for m in sorted(imported)
+                      if any(m.startswith(a) for a in above) and not (m == layer or m.startswith(layer + "."))]
+    assert not wrong, "\n".join(wrong)

@@ -9,6 +9,7 @@ agree with the referee's.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from fault_targets import PlainTorchTarget
 
@@ -62,6 +63,7 @@ def test_facts_of_a_kernel_target_list_only_the_wrapper_methods_its_kernels_comp
     assert set(implemented_ops_of(ShrinkOnlyKernels)) == set(ShrinkOnlyKernels().implemented_ops())
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_the_wrapper_ops_in_the_facts_are_those_the_loaded_target_implements():
     """The op level decides wrapper ops from the facts; a built-in target's worker must say the same."""
     checked = []
@@ -108,6 +110,7 @@ def test_the_workers_end_to_end_check_agrees_with_the_referees():
             assert MODEL.unsupported_reason(facts, case) == runner.unsupported_reason(case), (cls.__name__, case.case_id)
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_tp_and_e2e_cases_the_facts_refuse_start_no_process_and_load_no_fixture(tmp_path, monkeypatch):
     def no_process(*args, **kwargs):
         raise AssertionError("a worker or rank process was started for a case the facts refuse")
@@ -132,6 +135,7 @@ def test_tp_and_e2e_cases_the_facts_refuse_start_no_process_and_load_no_fixture(
     assert all(worker.get("tp_pool_starts", 0) == 0 for worker in document["workers"])
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_the_worker_starts_early_only_for_a_case_it_would_run(tmp_path, monkeypatch):
     starts = []
     monkeypatch.setattr(IsolatedExecutor, "start", lambda self: starts.append(self))

@@ -102,6 +102,9 @@ def _cache_dir() -> Path | None:
     return Path(setting) if setting else Path.home() / ".cache" / "lora-conformance"
 
 
+_READ: dict[str, tuple] = {}  # cache files this process read, by name: cases are frozen, the lists are copies
+
+
 def cached_cases(key: dict, draw: Callable[[], list[tuple[str, Case]]]) -> list[tuple[str, Case]]:
     """``draw()``'s result, from the cache when an identical drawing was done before."""
     directory = _cache_dir()
@@ -110,11 +113,16 @@ def cached_cases(key: dict, draw: Callable[[], list[tuple[str, Case]]]) -> list[
     full_key = {**key, "hypothesis": hypothesis_version(), "python": sys.version_info[:2], "source": _SOURCE_DIGEST}
     name = hashlib.sha256(json.dumps(full_key, sort_keys=True).encode()).hexdigest()[:32]
     path = directory / f"profile-{name}.json"
+    if name in _READ:  # a run asks for its profile several times (its entries, its manifest, its workers' start)
+        return list(_READ[name])
     if path.is_file():
         try:
-            return [(case_id, Case.from_json(data)) for case_id, data in json.loads(path.read_text())]
+            cases = [(case_id, Case.from_json(data)) for case_id, data in json.loads(path.read_text())]
         except (ValueError, TypeError, KeyError):
             pass  # an unreadable cache entry is redrawn and rewritten
+        else:
+            _READ[name] = tuple(cases)
+            return cases
     drawn = draw()
     try:
         directory.mkdir(parents=True, exist_ok=True)

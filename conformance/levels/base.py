@@ -7,22 +7,30 @@ reports read one record per case (``conformance.record.CaseResult``). What diffe
 kind's module, and nowhere else: adding a level is one module under ``conformance/levels/`` plus its
 cases, added to ``KINDS``.
 
-A kind's ``run`` gets the session (``conformance.session.ConformanceRun``), which holds where the
-target runs (``executor``: its worker process; ``tp_executor``: its rank processes) and the referee's
-own state; it returns the judged result before expectations, which the session applies to every kind
-alike, as it journals every kind alike.
+A kind's ``run`` gets a :class:`~conformance.levels.context.LevelContext`, not the session: the run's
+settings it reads and where the target runs (``executor``: its worker process; ``tp_executor``: its rank
+processes), nothing else. It returns the judged result before expectations, which the session applies
+to every kind alike, as it journals every kind alike.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from conformance.isolation import Breakdown, TargetLoadError
+from conformance.levels.context import LevelContext
 from conformance.record import CaseResult
+from conformance.targets.facts import TargetFacts
 from conformance.verdict import FailureKind, Outcome
 
-if TYPE_CHECKING:
-    from conformance.session import ConformanceRun
-    from conformance.targets.facts import TargetFacts
+# What a call into the target's process raises when the case did not return: its worker died, hung, sent
+# what the wire refuses (Breakdown), or could not load the target (TargetLoadError).
+BREAKDOWNS = (Breakdown, TargetLoadError)
+
+
+def breakdown_message(exc: Exception) -> str:
+    """What a worker's death, hang or failed start says (``Breakdown`` / ``TargetLoadError``)."""
+    return getattr(exc, "message", None) or str(exc)
 
 
 class CaseKind:
@@ -53,7 +61,7 @@ class CaseKind:
         The session asks before :meth:`run`, so a case refused here starts no process and loads nothing."""
         return None
 
-    def run(self, run: ConformanceRun, case_id: str, case: Any, values: Any = None) -> CaseResult:
+    def run(self, context: LevelContext, case_id: str, case: Any, values: Any = None) -> CaseResult:
         """The judged result of one case (expectations not applied yet)."""
         raise NotImplementedError
 
@@ -65,11 +73,16 @@ class CaseKind:
         return self.result_type(case_id, case, Outcome.BROKEN, message, features=self.features(case), seconds=seconds, kinds=(kind,),
                                 traceback=traceback)
 
+    def broken_by(self, exc: Exception, case_id: str, case: Any, seconds: float = 0.0) -> CaseResult:
+        """The broken result of a case whose call into the target's process raised one of ``BREAKDOWNS``."""
+        # a TargetLoadError carries what the target raised while loading; a crash or a hang raised nothing
+        return self.broken(case_id, case, exc.kind, breakdown_message(exc), seconds, traceback=getattr(exc, "traceback", None))
+
     def features(self, case: Any) -> frozenset[str]:
         return case.features()
 
-    def after_failure(self, run: ConformanceRun, result: CaseResult, values: Any = None) -> dict | None:
+    def after_failure(self, context: LevelContext, result: CaseResult, values: Any = None) -> dict | None:
         """For a failing, broken or known-failing result: set its ``repro`` (and ``replay``); return the
         record's ``shrunk`` entry where the kind shrinks failures. By default the repro reruns the one test."""
-        result.repro = f"pytest '{run.test_node_id(result.case_id)}' --target={run.target_name}" + (f" --seed={run.seed}" if run.seed else "")
+        result.repro = f"pytest '{context.test_node_id(result.case_id)}' --target={context.target_name}" + (f" --seed={context.seed}" if context.seed else "")
         return None

@@ -8,20 +8,16 @@ dtypes, a ``torch.distributed`` backend for its device), before any rank starts.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from conformance.errors import RunError
+from conformance.levels.context import LevelContext
 from conformance.record import CaseResult
+from conformance.targets.facts import TargetFacts
 from conformance.tp.case import TPCase
 from conformance.tp.cases import tp_cases
 from conformance.tp.moe_case import MoETPCase
 from conformance.tp.run import TPResult, unsupported_reason
 
 from .base import CaseKind
-
-if TYPE_CHECKING:
-    from conformance.session import ConformanceRun
-    from conformance.targets.facts import TargetFacts
 
 
 class LayerKind(CaseKind):
@@ -40,9 +36,9 @@ class LayerKind(CaseKind):
         """``conformance.tp.run.unsupported_reason``: the executor asks it again, as a second line, before a pool starts."""
         return unsupported_reason(facts, case)
 
-    def run(self, run: ConformanceRun, case_id: str, case: TPCase | MoETPCase, values=None) -> CaseResult:
+    def run(self, context: LevelContext, case_id: str, case: TPCase | MoETPCase, values=None) -> CaseResult:
         try:
-            return run.tp_executor.run(case)
+            return context.tp_executor.run(case)
         except ValueError as exc:  # --devices cannot give every rank a device: the run's options, not the target
             raise RunError(str(exc)) from None
 

@@ -10,23 +10,18 @@ decoder calls for the case's model), before the worker starts or a fixture model
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from conformance.e2e.cases import E2ECase, e2e_cases
 from conformance.e2e.production import read_production
 from conformance.e2e.run import E2EResult
 from conformance.e2e.target_runner import e2e_unsupported_reason
 from conformance.errors import RunError
-from conformance.isolation import Breakdown, TargetLoadError
+from conformance.levels.context import LevelContext
 from conformance.record import CaseResult
+from conformance.targets.facts import TargetFacts
 from conformance.wire import Limits
 
-from .base import CaseKind
-from .op import breakdown_message
-
-if TYPE_CHECKING:
-    from conformance.session import ConformanceRun
-    from conformance.targets.facts import TargetFacts
+from .base import BREAKDOWNS, CaseKind
 
 FIXTURE_ERRORS = (FileNotFoundError, ValueError, ImportError)  # the fixtures, not the target: a usage error
 PRODUCTION_LIMITS = Limits(tensor_bytes=0, tensors=0)  # tokens and log-probabilities: JSON only
@@ -48,20 +43,19 @@ class ModelKind(CaseKind):
         """``e2e_unsupported_reason`` from the facts: the worker asks it again, of the loaded target, and agrees."""
         return e2e_unsupported_reason(case, facts.name, facts.generation_engine, facts.claims(case.dtype), facts.methods)
 
-    def run(self, run: ConformanceRun, case_id: str, case: E2ECase, values=None) -> CaseResult:
+    def run(self, context: LevelContext, case_id: str, case: E2ECase, values=None) -> CaseResult:
         try:
-            referee = run.e2e_referee
+            referee = context.e2e_referee
             continuations = referee.continuations(case)
         except FIXTURE_ERRORS as exc:
             raise RunError(str(exc)) from None
         started = time.perf_counter()
         try:
-            request = {"case": case.to_json(), "continuations": continuations, "runs": run.repeat}
-            production = run.executor.call(self.name, self.target_half, case_id, request, limits=PRODUCTION_LIMITS,
-                                           parse=lambda data: read_production(data, case, run.repeat))
-        except (Breakdown, TargetLoadError) as exc:
-            return self.broken(case_id, case, exc.kind, breakdown_message(exc), time.perf_counter() - started,
-                               traceback=getattr(exc, "traceback", None))  # a TargetLoadError's; a Breakdown has none
+            request = {"case": case.to_json(), "continuations": continuations, "runs": context.repeat}
+            production = context.executor.call(self.name, self.target_half, case_id, request, limits=PRODUCTION_LIMITS,
+                                           parse=lambda data: read_production(data, case, context.repeat))
+        except BREAKDOWNS as exc:
+            return self.broken_by(exc, case_id, case, time.perf_counter() - started)
         except FIXTURE_ERRORS as exc:
             raise RunError(str(exc)) from None
         return referee.judge(case, production)

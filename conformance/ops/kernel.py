@@ -7,6 +7,8 @@ float32 ``[.., T, R]`` buffer; expand ops write a ``[T, W]`` output in the case 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import conformance.cases.fp8_values as fp8_values
@@ -82,8 +84,16 @@ def segment_args(case: Case, device: torch.device) -> tuple:
     )
 
 
+@functools.lru_cache(maxsize=16)
+def _kernel_meta(token_slots: tuple[int, ...], num_slots: int) -> LoRAKernelMeta:
+    return LoRAKernelMeta.build(torch.tensor(token_slots), num_slots)
+
+
 def kernel_meta_args(case: Case, device: torch.device) -> tuple:
-    return LoRAKernelMeta.build(torch.tensor(case.token_slots), case.num_slots).to(device).meta_args()
+    """The six metadata tensors of ``case``, copies of their own: built once per mapping (a case's oracle
+    runs and calls share one), copied for each call, since a call may write what it is handed."""
+    *on_device, no_lora_flag_cpu = _kernel_meta(case.token_slots, case.num_slots).meta_args()
+    return (*(t.to(device, copy=True) for t in on_device), no_lora_flag_cpu.clone())
 
 
 # -- calls -------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from conformance import journal
 from conformance.report.allure_html import AllureToolMissing, generate_allure_html
+from conformance.report.allure_results import write_allure_results
 from conformance.report.compare import CompareError, compare_documents, read_run
 from conformance.report.compare_html import write_compare_html
 from conformance.report.document import results_document
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.json").write_text(json.dumps(document, indent=1) + "\n")
     write_html_report(document, out / "report.html")
     write_junit(document, out / "junit.xml")
+    write_allure_results(document, out / "allure-results")
     print(verdict_line(document))
     print(f"results: {out / 'results.json'}\nreport: {out / 'report.html'}")
     return 0 if document["gate"]["passed"] else 1
@@ -111,6 +113,7 @@ def _rebuild(report_dir: Path, out: str | None) -> int:
     (report_dir / "results.json").write_text(json.dumps(document, indent=1) + "\n")
     report = write_html_report(document, out or report_dir / "report.html")
     write_junit(document, report_dir / "junit.xml")  # the run's own was written at its end, if it had one
+    write_allure_results(document, report_dir / "allure-results")
     print(verdict_line(document))
     if document["missing"]:
         print(f"to run the {len(document['missing'])} case(s) without a result: pytest conformance --resume {report_dir}")

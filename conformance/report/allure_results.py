@@ -1,67 +1,72 @@
-"""Allure results for every run: labels per case, the fingerprint, and categories for our outcomes.
+"""Allure results written from the results document: one ``*-result.json`` per case, labelled, at the end.
 
-allure-pytest writes one ``*-result.json`` per test; this module adds what makes them a conformance
-report rather than a list of test names:
+Like ``junit.xml`` (``conformance.report.junit``), the Allure results are one rendering of the document
+(``conformance.report.document``): every case's typed record, the clusters, the environment. They are
+written once, when the run ends (and again by ``python -m conformance.report html DIR`` for a killed run
+and by ``merge`` for shards), never patched after the fact, and need no pytest plugin: ``allure-pytest``'s
+per-test listener is turned off for conformance runs (``conformance.plugin``), which also saves its
+milliseconds per case. What makes them a conformance report rather than a list of test names:
 
 * suites: parentSuite = level (kernel, wrapper, model, …), suite = op, subSuite = edge-case family,
-  so Allure's tree reads like the matrix; tags: dtype and the case's features;
+  so Allure's tree reads like the matrix; tags: the level's markers, the dtype and the case's features;
 * severity (``SEVERITY_BY_LEVEL``): a level every target must implement is *critical*: the wrapper
   ops (the design makes level 2 the required contract; the profiles draw every op of every level,
   so the required set is a property of the level, not of the profile) and end-to-end generation
   (level ``model``: what a user sees); the kernel ops are optional for a target (a wrapper may be
   built without them), so *normal*; anything else *normal*;
-* parameters: dtype and shape (tokens, sequences, slots, ranks, hidden, slices) count towards
-  Allure's history id; the case seed and the run seed are parameters too but ``excluded``, so the
-  history of a case is not split by seeds;
-* ``environment.properties``: the fingerprint; ``categories.json``: our outcomes as Allure categories
-  (``CATEGORIES``; how the plugin maps outcomes to pytest, and so to Allure statuses, is in
-  ``conformance.plugin``);
-* failure clusters (``conformance.report.clusters``): once every result is in, :func:`label_clusters`
-  names each failure's cluster in its result's message (``fail [numerics] cluster 1/2 "…": …``) and
-  puts one category per cluster before ``CATEGORIES``, so Allure's Categories tab lists the distinct
-  problems: "Problem 1/1: rows without adapter receive a delta (wrote outside its region; 733 cases in
-  15 ops)";
-* what the target raised: a broken case's ``statusDetails.trace`` becomes the record's ``traceback``
-  (:func:`label_clusters`, once every result is in), the target's whole Python traceback as its
-  process formatted it, instead of the frame where the plugin reported the case;
-* safe text (:func:`install_safe_text_results`, installed when this module is imported): allure-pytest
-  writes each result as UTF-8 JSON as its case ends, and a lone surrogate in a target's message (what a
-  driver's bytes decoded with ``surrogateescape`` give) once made that writer raise and lose every later
-  case; a plugin of allure's own plugin manager, called before its file writer, makes every string of a
-  result or container safe text (``conformance.text``), cutting the message and trace to a bounded size.
+* parameters: the case id, dtype and shape (tokens, sequences, slots, ranks, hidden, slices) count
+  towards Allure's history id; the case seed and the run seed are parameters too but ``excluded``, so
+  the history of a case is not split by seeds. Names and ids are the pytest test's
+  (``test_case[ID]``, ``conformance.test_cases#test_case``), so Allure's history of a case carries on;
+* status and message: pass → passed, fail and unexpected pass → failed, broken and no result → broken,
+  not supported and known failure → skipped; the message is the JUnit one (``fail [numerics] cluster 1/2
+  "…": …``), its trace what the target raised (its whole traceback, as its process formatted it), or
+  else the repro;
+* ``environment.properties``: the fingerprint; ``categories.json``: one category per failure cluster
+  first ("Problem 1/1: rows without adapter receive a delta (wrote outside its region; 733 cases in 15
+  ops)"), then our outcomes (``CATEGORIES``).
+
+Every string is safe text (``conformance.text``) and the files are ASCII JSON: a target's message cannot
+break a writer.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import sys
+import shutil
+import uuid
 from pathlib import Path
 
-from conformance.journal import case_id_of
-from conformance.report.clusters import cluster_of, document_clusters, label_message
-from conformance.text import MESSAGE_LIMIT, TRACEBACK_LIMIT, safe_text, without_surrogates
+from conformance.journal import TEST_FUNCTION
+from conformance.report.clusters import cluster_of, document_clusters
+from conformance.report.junit import record_message
+from conformance.text import TRACEBACK_LIMIT, safe_text, without_surrogates
 from conformance.verdict import Outcome
 from conformance.verdict.failure_kind import FailureKind
 
 # how plugin.report_outcome hands each rejected outcome to pytest, and so which Allure status it gets
 ALLURE_STATUS = {Outcome.FAIL.value: "failed", Outcome.UNEXPECTED_PASS.value: "failed", Outcome.BROKEN.value: "broken"}
+STATUS = {**ALLURE_STATUS, Outcome.PASS.value: "passed", Outcome.NOT_SUPPORTED.value: "skipped", Outcome.KNOWN_FAILURE.value: "skipped"}
+FULL_NAME = f"conformance.test_cases#{TEST_FUNCTION}"
+LEVEL_MARKERS = {"model": "e2e", "layer": "tp"}  # the pytest marker of a level whose name is not its marker
 
 SEVERITY_BY_LEVEL = {"wrapper": "critical", "model": "critical", "layer": "critical", "kernel": "normal"}
 DEFAULT_SEVERITY = "normal"
 
-# Allure assigns a result to the first category that matches (status, then message regex); the
-# messages are those conformance.plugin.report_outcome raises, as allure-pytest formats them, which
-# lead with the failure kinds in brackets: one category per kind (the first kind listed decides).
+# Allure assigns a result to the first category that matches (status, then message regex); the messages
+# lead with the outcome and the failure kinds in brackets (conformance.report.clusters.message_lead): one
+# category per kind (the first kind listed decides).
 def _status_prefix_label(kind: FailureKind) -> tuple[str, str, str]:
     """How a kind's failure reaches Allure: its status, the message's lead and the category's first word."""
-    return ("broken", r"TargetBroken: broken", "Broken") if kind.broken else ("failed", r"\bfail", "Fail")
+    if kind.broken or kind is FailureKind.NO_RESULT:
+        return "broken", r"\bbroken", "Broken"
+    return "failed", r"\bfail", "Fail"
 
 
 def _kind_categories() -> list[dict]:
     categories = []
     for kind in FailureKind:
-        if kind is FailureKind.NO_RESULT:  # a case without a result has no test result to categorise
-            continue
         status, prefix, label = _status_prefix_label(kind)
         categories.append({
             "name": f"{label}: {kind.value} ({kind.doc.split(';')[0]})",
@@ -78,31 +83,6 @@ CATEGORIES = [
     {"name": "Not supported (declared by the target)", "matchedStatuses": ["skipped"], "messageRegex": r"(?s).*not supported: .*"},
     {"name": "Harness error (not a target outcome)", "matchedStatuses": ["failed", "broken"]},
 ]  # fmt: skip
-
-
-def label_current_test(record: dict, run_seed: int | None = None) -> None:
-    """Label the running test from its result record (the results.json schema); no-op without Allure."""
-    import allure  # allure-pytest is a dependency; imported here so the report layer loads without it
-
-    level, op = record.get("level") or "other", record.get("op") or "?"
-    dynamic = allure.dynamic
-    dynamic.parent_suite(level)
-    dynamic.suite(op)
-    if record.get("family"):
-        dynamic.sub_suite(record["family"])
-    dynamic.severity(SEVERITY_BY_LEVEL.get(level, DEFAULT_SEVERITY))
-    # the level is a tag already: allure-pytest turns the test's pytest markers (kernel, wrapper) into tags
-    dynamic.tag(*[str(t) for t in (record.get("dtype"), *(record.get("features") or ())) if t])
-    if record.get("dtype"):
-        dynamic.parameter("dtype", record["dtype"])
-    case = record.get("case") or {}
-    shape = case_shape(case)
-    if shape:
-        dynamic.parameter("shape", shape)
-    if case.get("seed") is not None:
-        dynamic.parameter("case seed", case["seed"], excluded=True)
-    if run_seed is not None:
-        dynamic.parameter("run seed", run_seed, excluded=True)
 
 
 def case_shape(case: dict) -> str:
@@ -137,50 +117,81 @@ def cluster_categories(document: dict) -> list[dict]:
     return categories
 
 
-def label_clusters(results_dir, document: dict) -> int:
-    """Name each failure's cluster in the Allure results under ``results_dir``, put what the target raised
-    (the record's ``traceback``) into the ``statusDetails.trace`` of each case whose target raised, and put
-    the clusters' categories into its categories.json; return how many results were labelled."""
-    results_dir = Path(results_dir)
-    clusters = document_clusters(document)
-    by_case = cluster_of(document)
-    records = {record["id"]: record for record in document.get("results") or []}
-    labelled = 0
-    for path in sorted(results_dir.glob("*-result.json")):
-        try:
-            result = json.loads(path.read_text(encoding="utf-8", errors="surrogateescape"))
-        except (OSError, ValueError):  # not a result allure-pytest wrote whole: left as it is, unlabelled
-            continue
-        if not isinstance(result, dict):
-            continue
-        case_id = case_id_of(str(result.get("name", "")))
-        cluster = by_case.get(case_id)
-        details = result.get("statusDetails") or {}
-        record = records.get(case_id)
-        if not details or record is None or (cluster is None and not record.get("traceback")):
-            continue
-        if record.get("traceback"):
-            # allure-pytest's trace is where the plugin raised TargetBroken, a frame of the suite's reporting
-            # that tells a vendor nothing; what the target raised is, formatted in the target's process
-            details["trace"] = safe_text(record["traceback"], TRACEBACK_LIMIT)
-        if cluster is not None:
-            for field in ("message", "trace"):
-                if details.get(field):
-                    details[field] = label_message(details[field], record, cluster, len(clusters))
-            labelled += 1
-        path.write_text(json.dumps(without_surrogates(result)), encoding="utf-8")
-    # the kinds' categories stay, after the clusters': they take what no cluster names (a known failure, …)
-    (results_dir / "categories.json").write_text(json.dumps(cluster_categories(document) + CATEGORIES, indent=1) + "\n")
-    return labelled
+def md5(*parts: str) -> str:
+    """Allure's history and test-case ids: the md5 of the parts, one after the other (as allure-python makes them)."""
+    digest = hashlib.md5(usedforsecurity=False)
+    for part in parts:
+        digest.update(str(part).encode("utf-8", "backslashreplace"))
+    return digest.hexdigest()
 
 
-def write_results_extras(results_dir, fingerprint: dict) -> None:
-    """``environment.properties`` (the fingerprint) and ``categories.json`` in an Allure results dir."""
+def _parameters(record: dict, run_seed) -> list[dict]:
+    case = record.get("case") or {}
+    parameters = [{"name": "conformance_case", "value": record["id"]}]
+    if record.get("dtype"):
+        parameters.append({"name": "dtype", "value": repr(record["dtype"])})
+    if shape := case_shape(case):
+        parameters.append({"name": "shape", "value": repr(shape)})
+    if case.get("seed") is not None:
+        parameters.append({"name": "case seed", "value": str(case["seed"]), "excluded": True})
+    if run_seed is not None:
+        parameters.append({"name": "run seed", "value": str(run_seed), "excluded": True})
+    return parameters
+
+
+def _labels(record: dict, environment: dict) -> list[dict]:
+    level = record.get("level") or "other"
+    labels = [("parentSuite", level), ("suite", record.get("op") or "?")]
+    if record.get("family"):
+        labels.append(("subSuite", record["family"]))
+    labels.append(("severity", SEVERITY_BY_LEVEL.get(level, DEFAULT_SEVERITY)))
+    labels += [("tag", tag) for tag in (LEVEL_MARKERS.get(level, level), record.get("dtype"), *(record.get("features") or ())) if tag]
+    labels += [("framework", "lora-conformance"), ("language", "cpython3"), ("package", "conformance.test_cases")]
+    labels += [("host", environment.get("host") or "unknown"), ("thread", record.get("worker") or "main")]
+    return [{"name": name, "value": safe_text(value)} for name, value in labels]
+
+
+def _trace(record: dict) -> str:
+    """A failure's trace: what the target raised, as its process formatted it; else the repro that reruns it."""
+    if record.get("traceback"):
+        return safe_text(record["traceback"], TRACEBACK_LIMIT)
+    return f"repro: {safe_text(record['repro'])}" if record.get("repro") else ""
+
+
+def allure_result(record: dict, document: dict, clusters: list[dict], by_case: dict[str, dict]) -> dict:
+    """The Allure result of one record of ``document`` (the Allure 2 result schema)."""
+    parameters = _parameters(record, document.get("seed"))
+    included = sorted((p for p in parameters if not p.get("excluded")), key=lambda p: p["name"])
+    stop = int(1000 * (record.get("finished") or document.get("finished") or 0))
+    result = {
+        "uuid": str(uuid.uuid4()), "historyId": md5(FULL_NAME, *(p["value"] for p in included)), "testCaseId": md5(FULL_NAME),
+        "fullName": FULL_NAME, "name": f"{TEST_FUNCTION}[{record['id']}]", "status": STATUS.get(record["outcome"], "broken"),
+        "stage": "finished", "start": stop - int(1000 * (record.get("seconds") or 0)), "stop": stop,
+        "labels": _labels(record, document.get("environment") or {}), "parameters": parameters,
+    }  # fmt: skip
+    if record["outcome"] != Outcome.PASS.value:
+        result["statusDetails"] = {"message": safe_text(record_message(record, clusters, by_case)), "trace": _trace(record)}
+    return result
+
+
+def write_allure_results(document: dict, results_dir) -> Path:
+    """Every case of ``document`` as an Allure result in ``results_dir`` (emptied first: results of an earlier
+    run would mix into this one), an expected case without a result as a broken one, and the environment and
+    categories; returns the directory."""
     results_dir = Path(results_dir)
+    shutil.rmtree(results_dir, ignore_errors=True)
     results_dir.mkdir(parents=True, exist_ok=True)
-    lines = [f"{_escape_key(k)}={_escape_value(v)}" for k, v in fingerprint.items()]
+    clusters, by_case = document_clusters(document), cluster_of(document)
+    missing = [{"id": case_id, "op": "?", "outcome": "broken", "kinds": [FailureKind.NO_RESULT.value],
+                "message": "the run ended before this case had one"} for case_id in document.get("missing") or ()]
+    for record in [*(document.get("results") or ()), *missing]:
+        result = without_surrogates(allure_result(record, document, clusters, by_case))
+        (results_dir / f"{result['uuid']}-result.json").write_text(json.dumps(result), encoding="ascii")
+    environment = document.get("environment") or {}
+    lines = [f"{_escape_key(k)}={_escape_value(v)}" for k, v in environment.items()]
     (results_dir / "environment.properties").write_text("\n".join(lines) + "\n", encoding="utf-8", errors="backslashreplace")
-    (results_dir / "categories.json").write_text(json.dumps(CATEGORIES, indent=1) + "\n")
+    (results_dir / "categories.json").write_text(json.dumps(cluster_categories(document) + CATEGORIES, indent=1) + "\n")
+    return results_dir
 
 
 def _escape_key(key) -> str:  # java.util.Properties: '=', ':', whitespace and '\' are escaped in keys
@@ -190,64 +201,3 @@ def _escape_key(key) -> str:  # java.util.Properties: '=', ':', whitespace and '
 def _escape_value(value) -> str:
     text = str(value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
     return ("\\" + text) if text.startswith(" ") else text
-
-
-# -- safe text in what allure-pytest writes ----------------------------------------------------------
-
-SAFE_TEXT_PLUGIN = "lora-conformance-safe-text"
-TRACE_LIMIT = 2 * MESSAGE_LIMIT  # a trace repeats the message after pytest's lines of the raising frame
-
-
-def safe_allure_item(item, _depth: int = 0) -> None:
-    """Make every string of an allure-commons model object (a test result or container, its status details,
-    steps, parameters, labels, …) safe text, in place: surrogates and control characters escaped
-    (``conformance.text.safe_text``), the message cut to ``MESSAGE_LIMIT`` characters and the trace to
-    ``TRACE_LIMIT``. Never raises."""
-    fields = getattr(type(item), "__attrs_attrs__", None)
-    if fields is None or _depth > 20:
-        return
-    for field in fields:
-        try:
-            value = getattr(item, field.name)
-            limit = {"message": MESSAGE_LIMIT, "trace": TRACE_LIMIT}.get(field.name, sys.maxsize)
-            if isinstance(value, str):
-                setattr(item, field.name, safe_text(value, limit))
-            elif isinstance(value, list):
-                value[:] = [safe_text(v, limit) if isinstance(v, str) else v for v in value]
-                for element in value:
-                    safe_allure_item(element, _depth + 1)
-            else:
-                safe_allure_item(value, _depth + 1)
-        except Exception:  # noqa: BLE001 - making text safe must not be what loses a result
-            continue
-
-
-def install_safe_text_results() -> bool:
-    """Register, once per process, the allure-commons plugin that makes each result and container safe
-    text (:func:`safe_allure_item`) before allure-pytest's file logger writes it (``tryfirst``: the
-    logger's ``json.dump(..., ensure_ascii=False)`` into a UTF-8 file raises on a lone surrogate). False
-    without allure-commons installed."""
-    try:
-        import allure_commons
-    except ImportError:
-        return False
-    manager = allure_commons.plugin_manager
-    if manager.has_plugin(SAFE_TEXT_PLUGIN):
-        return True
-
-    class SafeTextResults:
-        @allure_commons.hookimpl(tryfirst=True)
-        def report_result(self, result) -> None:
-            safe_allure_item(result)
-
-        @allure_commons.hookimpl(tryfirst=True)
-        def report_container(self, container) -> None:
-            safe_allure_item(container)
-
-    manager.register(SafeTextResults(), SAFE_TEXT_PLUGIN)
-    return True
-
-
-# conformance.plugin imports this module in every process that runs cases (a serial run, each xdist
-# worker), before allure-pytest writes any result there: installing here covers them all
-install_safe_text_results()

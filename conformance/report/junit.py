@@ -29,7 +29,8 @@ ERROR = ("broken",)
 SKIPPED = ("not supported", "known failure")
 
 
-def _message(record: dict, clusters: list[dict], by_case: dict[str, dict]) -> str:
+def record_message(record: dict, clusters: list[dict], by_case: dict[str, dict]) -> str:
+    """A failure's message, as JUnit and Allure show it: its lead (outcome, kinds, stability), its cluster, its text."""
     lead = message_lead(record)
     cluster = by_case.get(record["id"])
     if cluster is not None:
@@ -69,7 +70,7 @@ def junit_tree(document: dict) -> ET.ElementTree:
         outcome = record["outcome"]
         if outcome == "pass":
             continue
-        message = safe_text(_message(record, clusters, by_case))
+        message = safe_text(record_message(record, clusters, by_case))
         tag = "failure" if outcome in FAILURE else "error" if outcome in ERROR else "skipped"
         element = ET.SubElement(case, tag, message=message.splitlines()[0] if message else "")
         if outcome in SKIPPED:

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from conformance.devices import DeviceTraits
 from conformance.ops import Level, ops_at
+from conformance.targets.device_traits import DeviceTraits
 
 if TYPE_CHECKING:
     from conformance.cases import Case

@@ -76,6 +76,7 @@ def slot_of(case: E2ECase, request: int) -> int:
 
 # -- the referee runs nowhere near a target -------------------------------------------------------
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_the_referee_imports_no_target_and_judges_a_production_sent_as_data_in_a_process_of_its_own(tmp_path, productions):
     """What the harness does: the target's production crosses a pipe as JSON; the referee's process reads it back
     from its declared types and judges it without importing the target, its module, vLLM or the target's side."""

@@ -296,6 +296,7 @@ def test_profile_drawing_is_deterministic(standard, no_profile_cache):
     assert first == [(i, c) for i, c in standard if c.op in SUBSET["ops"] and c.dtype in SUBSET["dtypes"]]
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_profile_drawing_does_not_depend_on_the_process(no_profile_cache, tmp_path):
     # Every xdist worker, every shard on another machine draws the profile itself: another
     # interpreter, with another hash seed and other local modules imported (Hypothesis may harvest

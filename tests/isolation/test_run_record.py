@@ -98,6 +98,7 @@ class TestWorkerProcess:
         assert main_thread_frames(dump) == "kernels.py:12 in spin ← wrapper.py:40 in add_lora_linear"
         assert main_thread_frames("main thread 0x1\n") == ""
 
+    @pytest.mark.integration  # starts a process: not the in-process unit loop
     def test_a_crash_costs_one_case_and_the_next_case_runs_in_a_new_worker(self, monkeypatch):
         monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[1]))
         cases = dict(profile_cases("smoke", 0))
@@ -114,6 +115,7 @@ class TestWorkerProcess:
         finally:
             executor.close()
 
+    @pytest.mark.integration  # starts a process: not the in-process unit loop
     def test_a_target_that_crashes_while_loading_is_started_once_not_once_per_case(self, monkeypatch):
         monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[1]))
         cases = profile_cases("smoke", 0)[:3]
@@ -127,6 +129,7 @@ class TestWorkerProcess:
         assert all("could not be loaded in a worker process" in r.message for r in results[1:])
         assert executor.restarts == 0  # one worker started, none after it
 
+    @pytest.mark.integration  # starts a process: not the in-process unit loop
     def test_a_target_that_cannot_load_breaks_every_case_with_the_reason(self, monkeypatch):
         monkeypatch.setenv("LORA_CONFORMANCE_HPU_BUCKETS", "not-a-policy")
         case_id, case = profile_cases("smoke", 0)[0]

@@ -106,6 +106,7 @@ def test_a_pick_that_reads_the_last_slot_for_no_adapter_rows_is_seen():
     assert not torch.equal(y[2:4], base[2:4])  # slot 2, the last, has a head: its bias lands on the −1 rows
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_vllm_032s_cpu_add_shrink_writes_no_adapter_rows_and_the_pick_hides_it():
     """vLLM below 0.33 gives slot −1 rows the last slot's product in ``add_shrink`` (docs/vllm-lora-ops.md §2.3);
     the head's pick drops those rows, so the ``cpu`` target passes every head case."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import pytest
 from test_report import conformance, document, parse
 
 from conformance.cases.features import FEATURE_DOCS
@@ -53,6 +54,7 @@ def test_the_report_shows_a_coverage_row_per_op(tmp_path):
     assert html.index('id="matrix"') < html.index('id="coverage"') < html.index('id="failures"')
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_a_run_records_the_coverage_of_its_cases(tmp_path):
     completed = conformance("--target=reference", "--profile=smoke", "-m", "not e2e", "-k", "bgmv_shrink", report_dir=tmp_path)
     assert completed.returncode == 0, completed.stdout[-2000:]

@@ -182,6 +182,7 @@ def test_shards_merge_into_the_unsharded_run(tmp_path):
     assert "expected case(s) have no result" in completed.stdout and merged["missing"][0] in completed.stdout
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_merge_refuses_different_targets_and_conflicting_outcomes(tmp_path):
     ours = document(SYNTHETIC[:2])
     theirs = document(SYNTHETIC[:2], target="other")
@@ -232,6 +233,7 @@ def test_merge_keeps_a_failure_the_results_do_not_show():
     assert any(reason.startswith("a.json: pytest exited with status 2") for reason in merged["gate"]["reasons"])
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_html_subcommand_renders_a_results_file(tmp_path):
     source = tmp_path / "results.json"
     source.write_text(json.dumps(document(SYNTHETIC)))

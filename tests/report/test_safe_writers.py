@@ -1,5 +1,5 @@
 """The writers never fail on what a target said, even when it reaches them unsanitized (defence in depth):
-report.html, the Allure results (allure-pytest's file writer, cluster labelling) and the journals."""
+report.html, the Allure results and the journals."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import json
 from test_report import SYNTHETIC, document, result
 
 from conformance import journal
-from conformance.report.allure_results import SAFE_TEXT_PLUGIN, TRACE_LIMIT, install_safe_text_results, label_clusters, safe_allure_item
-from conformance.report.clusters import add_clusters, message_lead
+from conformance.report.allure_results import write_allure_results
+from conformance.report.clusters import add_clusters
 from conformance.report.html import write_html_report
-from conformance.text import MESSAGE_LIMIT
+from conformance.text import MESSAGE_LIMIT, TRACEBACK_LIMIT
 
 HOSTILE = "driver said \udcff\udcfe \x00 \x1b[31mred\x1b[0m " + "device log line\n" * 700_000  # 11 MB
 
@@ -29,51 +29,20 @@ def test_the_html_report_is_written_from_a_message_with_surrogates_controls_and_
     assert "\x00" not in page and "\x1b" not in page and path.stat().st_size < 1_000_000
 
 
-def test_allure_results_and_containers_are_made_safe_text_before_the_file_logger_writes_them(tmp_path):
-    import allure_commons
-    from allure_commons.logger import AllureFileLogger
-    from allure_commons.model2 import Parameter, StatusDetails, TestResult, TestStepResult
-
-    assert install_safe_text_results() and allure_commons.plugin_manager.has_plugin(SAFE_TEXT_PLUGIN)
-    assert install_safe_text_results()  # once per process: a second call registers nothing
-    logger = AllureFileLogger(tmp_path)
-    allure_commons.plugin_manager.register(logger)
-    try:
-        item = TestResult(
-            name="test_case[add_lora_linear-f16-x]", uuid="u1", status="broken",
-            statusDetails=StatusDetails(message=f"TargetBroken: broken [raised]: {HOSTILE}", trace=HOSTILE),
-            parameters=[Parameter(name="case", value="\udcff")], steps=[TestStepResult(name="step \udcfe\x1b")],
-        )  # fmt: skip
-        allure_commons.plugin_manager.hook.report_result(result=item)
-    finally:
-        allure_commons.plugin_manager.unregister(logger)
-    (path,) = tmp_path.glob("*-result.json")
-    written = json.loads(path.read_text(encoding="utf-8"))
-    details = written["statusDetails"]
-    assert details["message"].startswith("TargetBroken: broken [raised]: driver said \\udcff\\udcfe \\x00 \\x1b[31mred")
-    assert len(details["message"]) <= MESSAGE_LIMIT and len(details["trace"]) <= TRACE_LIMIT
-    assert written["parameters"][0]["value"] == "\\udcff" and written["steps"][0]["name"] == "step \\udcfe\\x1b"
-
-
-def test_safe_allure_item_leaves_other_values_and_plain_objects_alone():
-    from allure_commons.model2 import Label, TestResult
-
-    item = TestResult(name="plain", start=12, labels=[Label(name="tag", value="float16")])
-    safe_allure_item(item)
-    safe_allure_item(object())  # not a model object: nothing to do
-    assert (item.name, item.start, item.labels[0].value) == ("plain", 12, "float16")
-
-
-def test_label_clusters_skips_a_result_file_it_cannot_read_and_writes_the_others_as_valid_utf8(tmp_path):
+def test_the_allure_results_are_ascii_json_with_bounded_safe_messages_and_traces(tmp_path):
     doc = hostile_document()
-    failing = next(r for r in doc["results"] if r["outcome"] == "fail")
-    message = f"{message_lead(failing)}: \udcff"  # as report_outcome leads it
-    good = {"name": f"test_case[{failing['id']}]", "status": "failed", "statusDetails": {"message": message}}
-    (tmp_path / "a-result.json").write_text(json.dumps(good), encoding="utf-8")  # "\udcff" as a JSON escape
-    (tmp_path / "b-result.json").write_bytes(b'{"name": "test_case[x]", "statusDetails": {"message": "\xff')  # cut short
-    assert label_clusters(tmp_path, doc) == 1
-    labelled = json.loads((tmp_path / "a-result.json").read_text(encoding="utf-8"))
-    assert " cluster " in labelled["statusDetails"]["message"] and "\\udcff" in labelled["statusDetails"]["message"]
+    broken = next(r for r in doc["results"] if r["id"] == "add_lora_linear-f16-x")
+    broken["traceback"] = HOSTILE  # as a record that bypassed CaseResult.to_json would hold it
+    write_allure_results(doc, tmp_path)
+    written = {}
+    for path in tmp_path.glob("*-result.json"):
+        path.read_bytes().decode("ascii")  # strict: nothing but ASCII, every other character escaped
+        result = json.loads(path.read_text())
+        written[result["name"]] = result
+    details = written["test_case[add_lora_linear-f16-x]"]["statusDetails"]
+    assert details["message"].startswith("broken [raised]") and "driver said \\udcff\\udcfe \\x00 \\x1b[31mred" in details["message"]
+    assert len(details["message"]) <= MESSAGE_LIMIT and len(details["trace"]) <= TRACEBACK_LIMIT and "characters cut" in details["trace"]
+    assert len(written) == len(doc["results"])
     json.loads((tmp_path / "categories.json").read_text())
 
 

@@ -24,7 +24,7 @@ from conformance import journal
 from conformance.generator import profile_cases
 from conformance.record import CaseResult
 from conformance.report import merge_documents, write_html_report
-from conformance.report.allure_results import label_clusters
+from conformance.report.allure_results import write_allure_results
 from conformance.report.clusters import add_clusters
 from conformance.report.document import results_document
 from conformance.report.junit import junit_tree, write_junit
@@ -61,15 +61,10 @@ def broken_record(traceback: str, case_id: str = BROKEN_ID) -> dict:
     return record
 
 
-def allure_result(directory: Path, case_id: str) -> Path:
-    """A result as allure-pytest writes it for a broken case: its trace is where the plugin raised."""
-    path = directory / f"{case_id}-result.json"
-    path.write_text(json.dumps({
-        "name": f"test_case[{case_id}]", "status": "broken",
-        "statusDetails": {"message": "TargetBroken: broken [raised]: the call raised: RuntimeError: …",
-                          "trace": "conformance/plugin.py:419: in report_outcome\n    raise TargetBroken(...)"},
-    }), encoding="utf-8")  # fmt: skip
-    return path
+def allure_results(directory: Path, doc: dict) -> dict[str, dict]:
+    """The Allure results written from ``doc``, by test name."""
+    write_allure_results(doc, directory)
+    return {r["name"]: r for r in (json.loads(p.read_text()) for p in directory.glob("*-result.json"))}
 
 
 def test_the_traceback_shows_folded_in_the_html_report_in_the_junit_error_text_and_as_the_allure_trace(tmp_path):
@@ -90,12 +85,9 @@ def test_the_traceback_shows_folded_in_the_html_report_in_the_junit_error_text_a
     assert "Traceback" not in error.get("message")  # the attribute stays one line: the text holds the traceback
     assert "what the target raised" not in errors["test_case[add_lora_linear-f16-d]"].text
 
-    allure = tmp_path / "allure-results"
-    allure.mkdir()
-    ours, other = allure_result(allure, BROKEN_ID), allure_result(allure, "add_lora_linear-f16-d")
-    label_clusters(allure, doc)
-    assert json.loads(ours.read_text(encoding="utf-8"))["statusDetails"]["trace"] == TRACEBACK
-    assert json.loads(other.read_text(encoding="utf-8"))["statusDetails"]["trace"].startswith("conformance/plugin.py:419")
+    written = allure_results(tmp_path / "allure-results", doc)
+    assert written[f"test_case[{BROKEN_ID}]"]["statusDetails"]["trace"] == TRACEBACK
+    assert "Traceback" not in written["test_case[add_lora_linear-f16-d]"]["statusDetails"]["trace"]  # it raised nothing
 
 
 def test_a_hostile_traceback_leaves_every_writer_valid_and_bounded(tmp_path):
@@ -113,11 +105,7 @@ def test_a_hostile_traceback_leaves_every_writer_valid_and_bounded(tmp_path):
     error_text = next(e.text for e in ET.parse(path).getroot().iter("error") if "what the target raised" in (e.text or ""))
     assert "drv\\udcff.py" in error_text and not UNSAFE.search(error_text.replace("\n", "")) and path.stat().st_size < 1_000_000
 
-    allure = tmp_path / "allure-results"
-    allure.mkdir()
-    written = allure_result(allure, BROKEN_ID)
-    label_clusters(allure, doc)
-    trace = json.loads(written.read_text(encoding="utf-8"))["statusDetails"]["trace"]
+    trace = allure_results(tmp_path / "allure-results", doc)[f"test_case[{BROKEN_ID}]"]["statusDetails"]["trace"]
     assert len(trace) <= TRACEBACK_LIMIT and trace.startswith("Traceback (most recent call last):") and "characters cut" in trace
 
 

@@ -488,6 +488,7 @@ def describe_lines(name: str) -> dict[tuple[str, str], str]:
     return statuses
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_describe_the_example_backend(example_class):
     statuses = describe_lines("plain-example")
     no_moe_kernels = (
@@ -578,6 +579,7 @@ def test_describe_a_target_that_cannot_run_here(example_class):
     )
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_describe_an_unknown_target_exits_listing_the_known_ones():
     completed = run_command("-m", "conformance.targets", "describe", "no-such-target")
     assert completed.returncode == 2

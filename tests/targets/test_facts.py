@@ -7,15 +7,16 @@ import dataclasses
 
 import pytest
 
-from conformance.devices import DeviceTraits
 from conformance.isolation.local import LocalExecutor
 from conformance.targets import TargetError, TargetUnavailable
+from conformance.targets.device_traits import DeviceTraits
 from conformance.targets.facts import TargetFacts, facts_of, probe
 from conformance.targets.hpu.targets import HpuEmulatedTarget
 from conformance.tp.cases import tp_cases
 from conformance.tp.run import unsupported_reason
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_facts_are_read_in_a_process_of_their_own_and_match_the_class():
     read = probe("hpu-emulated")
     assert read == facts_of(HpuEmulatedTarget)
@@ -24,6 +25,7 @@ def test_facts_are_read_in_a_process_of_their_own_and_match_the_class():
     assert TargetFacts.from_json(read.to_json()) == read
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_an_unknown_or_unavailable_target_is_said_as_such():
     with pytest.raises(TargetError, match="unknown target 'nope'"):
         probe("nope")

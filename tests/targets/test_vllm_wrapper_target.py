@@ -133,6 +133,7 @@ def scaled_twice(fixed):
     (offset_ignored, "add_expand", lambda case: case.offset_start > 0 and not case.bias),
     (scaled_twice, "add_lora_linear", lambda case: case.scale not in (1.0, -1.0) and not case.bias),
 ])
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_a_seeded_fault_in_the_wrapper_is_caught(fixed_wrapper_class, smoke_cases, fault, op, where):
     cases = cheapest(smoke_cases, op, 3, where)
     correct, faulty = target_over(fixed_wrapper_class), target_over(fault(fixed_wrapper_class))
@@ -225,6 +226,7 @@ class Recording(PunicaWrapperCPU):
         self.linear = (lora_bias_stacked, scale, output_slices, kwargs)
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_the_wrapper_is_built_and_fed_as_vllm_does_and_called_by_argument_name():
     from conformance.reference import LoRAMapping
 

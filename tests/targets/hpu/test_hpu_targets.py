@@ -62,6 +62,7 @@ def test_loading_vllm_hpu_names_the_plugin_and_the_bridge():
     assert "vllm_gaudi" in message and "habana_frameworks" in message
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_no_module_of_the_suite_imports_the_habana_stack():
     """Import every module under conformance/ in a fresh interpreter, then ask every HPU target's
     ``check_available`` (which may only look for the bridge, not import it, when it is missing)."""
@@ -234,6 +235,7 @@ SCENARIOS = """
 """
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_the_runtime_is_configured_before_the_bridge_loads(tmp_path):
     """Against a fake ``habana_frameworks``: the environment it sees at import (CPU fallback refused,
     lazy flag per mode), mode changes after loading refused, a bridge loaded by someone else without
@@ -295,6 +297,7 @@ class OlderFakePunicaWrapperHPU(FakePunicaWrapperHPU):
         self.calls.append(("linear", FakeLoraMask.mask, (lora_bias_stacked, scale, output_slices)))
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 @pytest.mark.parametrize("wrapper_class", [FakePunicaWrapperHPU, OlderFakePunicaWrapperHPU])
 def test_vllm_hpu_sets_the_token_and_logits_masks_as_the_runner_does(wrapper_class):
     target = object.__new__(VllmHpuTarget)  # no Gaudi here: skip check_available

@@ -85,6 +85,7 @@ def test_smoke_wrapper_cases_pass_through_the_vllm_subclass(variant, moe_variant
     assert outcomes[Outcome.PASS] > 100
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 def test_production_style_metadata_routes_rows_to_their_slots():
     """Slots 1 and 3 of 4 hold adapters with ids 7 and 3; id 0 means no adapter."""
     layers = import_vllm_module("vllm.lora.layers", "test")
@@ -120,6 +121,7 @@ def test_production_style_metadata_routes_rows_to_their_slots():
     assert not torch.equal(y_hpu[~no_adapter], y[~no_adapter])
 
 
+@pytest.mark.integration  # starts a process: not the in-process unit loop
 @pytest.mark.skipif(not hasattr(PunicaWrapperBase, "_select_full_linear_output"), reason="vLLM without full-linear LoRA")
 def test_apply_lora_full_linear_matches_vllms_cpu_wrapper():
     layers = import_vllm_module("vllm.lora.layers", "test")
