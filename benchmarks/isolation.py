@@ -28,6 +28,15 @@ from .markdown import table
 from .suite import PARTS, TARGET
 
 MODES = ("process", "none")
+# Earlier measurements of the same op-case command (standard, -n 2, default --repeat=2, warm cache) on this
+# kind of machine (2 cores, shared), kept so that each rewrite of the page shows them beside its own.
+EARLIER = (
+    ("2026-12-01", "6ef49cf", "the target and the referee in one process, one call per case (before the referee moved out)", "5,580", "39.6 s", "141"),
+    ("2026-12-04", "1c9dd89", "isolated, replies pickled, inputs cloned for every call and every oracle run", "6,300", "131.1 s", "48"),
+    ("2026-12-04", "1c9dd89", "the same cases with --isolation=none", "6,300", "100.3 s", "63"),
+    ("2026-12-05", "42e8fd4", "isolated, replies as data (conformance/wire), repeats judged by their bytes", "6,300", "98.4 s", "64"),
+    ("2026-12-05", "42e8fd4", "the same cases with --isolation=none", "6,300", "87.8 s", "72"),
+)
 GOAL_CASES_PER_S = 100.0  # issue 31: the standard profile, -n 2, --repeat 2, on an idle 2-core machine
 GOAL_RATIO = 1.5  # the isolated run's wall time at most 1.5x the in-process run's
 
@@ -118,6 +127,11 @@ def report(measured: list[tuple[IsolationRun, dict]], command: str, machine_line
     lines += table(["part", "cases", "wall isolated", "wall in-process", "ratio (wall)", "ratio (CPU)", "cases/s isolated"],
                    [[s["part"], s["cases"], f"{s['wall']['process']:.1f} s", f"{s['wall']['none']:.1f} s",
                      f"{s['ratio']:.2f}×", f"{s['cpu_ratio']:.2f}×", f"{s['cases_per_s']:.1f}"] for s in rows]) + [""]
+    lines += ["## Beside earlier rounds", "",
+              "The op cases of the standard profile with `-n 2`, measured by hand before this command existed "
+              "(pytest's own time, warm cache; the profile grew by the rank-512 and long-batch families between "
+              "the first row and the others, which is most of the drop from the first row):", ""]
+    lines += table(["date", "commit", "what ran", "cases", "time", "cases/s"], [list(row) for row in EARLIER]) + [""]
     lines += ["## Goals", ""]
     for s in rows:
         lines.append(f"- {s['part']}: isolated ≥ {GOAL_CASES_PER_S:.0f} cases/s: {s['cases_per_s']:.1f}, "
