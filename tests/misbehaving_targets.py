@@ -18,6 +18,7 @@ import threading
 from conformance.targets.hpu.targets import HpuEmulatedTarget
 
 ONCE_FILE_ENV = "MISBEHAVE_ONCE_FILE"
+STARTED_FILE_ENV = "MISBEHAVE_STARTED_FILE"  # created as a call starts to misbehave: the event a test waits for
 
 
 class _MisbehavesInAddLoraLinear(HpuEmulatedTarget):
@@ -26,6 +27,8 @@ class _MisbehavesInAddLoraLinear(HpuEmulatedTarget):
 
     def add_lora_linear(self, y, *args, **kwargs):
         if self.now():
+            if os.environ.get(STARTED_FILE_ENV):
+                open(os.environ[STARTED_FILE_ENV], "a").close()
             self.misbehave()
         return super().add_lora_linear(y, *args, **kwargs)
 

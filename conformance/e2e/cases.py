@@ -184,7 +184,7 @@ class E2ECase:
         return MAX_NEW_TOKENS
 
     # written beside the fields for readers of results.json; from_json checks that they agree
-    DERIVED_JSON = ("model", "max_loras", "requests", "max_new_tokens")
+    DERIVED_JSON = ("model", "is_moe", "max_loras", "requests", "max_new_tokens")
 
     def to_json(self) -> dict:
         return record_to_json(self)

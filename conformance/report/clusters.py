@@ -123,11 +123,10 @@ def is_clustered(record: dict) -> bool:
 
 
 def family(record: dict) -> str:
-    """The op family: MoE LoRA or dense LoRA, from the case's experts (end to end: the MoE model's cases are
-    reported as the ops ``moe_<kind>``, ``conformance.e2e.cases``)."""
-    if record.get("level") == "model":
-        return MOE if str(record.get("op", "")).startswith("moe_") else DENSE
-    return MOE if (record.get("case") or {}).get("num_experts") else DENSE
+    """The op family: MoE LoRA or dense LoRA, from the case's own fields: an op case's experts, an end-to-end
+    case's model (``is_moe``, derived and written with the case: ``conformance.e2e.cases``)."""
+    case = record.get("case") or {}
+    return MOE if case.get("num_experts") or case.get("is_moe") else DENSE
 
 
 def _kind(record: dict) -> str:

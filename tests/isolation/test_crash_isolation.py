@@ -92,18 +92,30 @@ def test_a_misbehaving_case_is_recorded_with_its_kind_and_every_other_case_is_ju
         assert merged.returncode == 1 and merged.stdout.startswith("verdict: FAIL"), merged.stdout + merged.stderr
 
 
+def wait_for(condition, seconds: float) -> None:
+    """Until ``condition()`` holds, checking it as the events it waits for land (a file appears, a process
+    ends); ``TimeoutError`` after ``seconds``, so that a run that never gets there fails instead of hanging."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {seconds:g} s")
+        time.sleep(0.05)
+
+
 def test_a_killed_run_is_rebuilt_as_fail_naming_the_cases_without_result_and_resume_completes_it(tmp_path):
     linear, shrink = selection()
     ids = shrink[:1] + linear[:1] + shrink[1:]  # one case judged, then the hang, then the rest
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--report-dir", str(tmp_path),
                "--profile=smoke", target("blocks-forever"), "--case-timeout=0", *nodeids(ids)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
-    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
-    journal = tmp_path / "results" / "main.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (journal.is_file() and journal.read_text().count("\n") >= 1):
-        time.sleep(0.2)
-    time.sleep(2)  # the hanging case has started by now; no timeout will ever end it
+    started = tmp_path / "hang-started"  # the target creates it as its call starts to block (misbehaving_targets)
+    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env={**env, "MISBEHAVE_STARTED_FILE": str(started)}, start_new_session=True)
+    try:
+        wait_for(lambda: started.exists() or run.poll() is not None, 120)
+    except TimeoutError:
+        os.kill(run.pid, signal.SIGKILL)
+        raise
     assert run.poll() is None, "the run ended although a case hangs without a timeout"
     os.kill(run.pid, signal.SIGKILL)  # as a CI job timeout does
     run.wait()
