@@ -101,7 +101,7 @@ def case_shape(case: dict) -> str:
 
 
 def cluster_categories(document: dict) -> list[dict]:
-    """One category per cluster, matched by the label :func:`label_clusters` puts into its failures' messages
+    """One category per cluster, matched by the cluster label :func:`record_message` puts into its failures' messages
     (Allure takes the first category that matches, so these go before ``CATEGORIES``)."""
     clusters = document_clusters(document)
     categories = []

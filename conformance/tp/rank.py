@@ -41,7 +41,7 @@ def backend_for(target) -> str:
     if backend is None:
         raise ValueError(
             f"no torch.distributed backend known for device type {target.device.type!r}: the target class states one "
-            "in device_traits() (conformance.devices.DeviceTraits)"
+            "in device_traits() (conformance.targets.device_traits.DeviceTraits)"
         )
     return backend
 

@@ -60,7 +60,7 @@ def unsupported_reason(facts: TargetFacts, case: TPCase | MoETPCase) -> str | No
         return f"{facts.name} does not support {case.dtype}"
     if facts.distributed_backend is None:
         return (f"{facts.name} runs on {facts.device_type}, for which no torch.distributed backend is known: its target "
-                f"class states one in device_traits() (conformance.devices.DeviceTraits) to run tensor-parallel cases")
+                f"class states one in device_traits() (conformance.targets.device_traits.DeviceTraits) to run tensor-parallel cases")
     return None
 
 
