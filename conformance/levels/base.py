@@ -5,7 +5,7 @@ models), and every front end treats them alike: the session lists every kind's c
 through its kind, the plugin makes one test per case and marks it by kind, the journal and the
 reports read one record per case (``conformance.record.CaseResult``). What differs lives in the
 kind's module, and nowhere else: adding a level is one module under ``conformance/levels/`` plus its
-cases, added to ``KINDS``.
+cases, added to ``BUILT_IN_KINDS``, or a package of its own with an entry point (``examples/custom_level``).
 
 A kind's ``run`` gets a :class:`~conformance.levels.context.LevelContext`, not the session: the run's
 settings it reads and where the target runs (``executor``: its worker process; ``tp_executor``: its rank
