@@ -206,7 +206,7 @@ REFEREE = ("conformance.referee", "conformance.record", "conformance.verdict", "
            "conformance.e2e.referee", "conformance.gate", "conformance.journal", "conformance.report",
            "conformance.generator", "conformance.cases", "conformance.ops", "conformance.levels", "conformance.session")
 REFEREE_MAY_IMPORT_OF_TARGETS = ("conformance.targets", "conformance.targets.base", "conformance.targets.registry",
-                                 "conformance.targets.facts", "conformance.targets.reference")
+                                 "conformance.targets.facts", "conformance.targets.device_traits", "conformance.targets.reference")
 
 
 def test_the_referee_imports_no_target():

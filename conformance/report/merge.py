@@ -200,9 +200,8 @@ _ABSENT = object()
 def _drawn_cases(profile: str, seed: int, source: str, document: dict) -> dict[str, dict]:
     """Every case of ``profile`` and ``seed`` by id, as JSON (what results.json holds), drawn here."""
     # imported here: the html command (and a replay merge) never draws a profile
-    from conformance.e2e.cases import e2e_cases
-    from conformance.generator import PROFILES, profile_cases
-    from conformance.tp.cases import tp_cases
+    from conformance.generator import PROFILES
+    from conformance.levels import KINDS
 
     if profile not in PROFILES:
         raise MergeError(
@@ -210,9 +209,7 @@ def _drawn_cases(profile: str, seed: int, source: str, document: dict) -> dict[s
             f"({', '.join(sorted(PROFILES))}), so its cases cannot be drawn again to check them; merge with the suite "
             f"that ran it ({document.get('suite_version')})"
         )
-    cases = dict(profile_cases(profile, seed))
-    cases.update((case.case_id, case) for case in e2e_cases(profile))
-    cases.update((case.case_id, case) for case in tp_cases(profile, seed))
+    cases = {case_id: case for kind in KINDS for case_id, case in kind.cases(profile, seed)}  # every level's, installed ones too
     return {case_id: json.loads(json.dumps(case.to_json())) for case_id, case in cases.items()}
 
 

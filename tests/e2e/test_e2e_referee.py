@@ -105,7 +105,7 @@ print(json.dumps({{"outcome": result.outcome.value, "modules": sorted(sys.module
     assert not [m for m in modules if m.startswith("vllm.")]
     targets = {m for m in modules if m.startswith("conformance.targets")}
     assert targets <= {"conformance.targets", "conformance.targets.base", "conformance.targets.registry",
-                       "conformance.targets.reference"}, targets
+                       "conformance.targets.device_traits", "conformance.targets.reference"}, targets
     assert "conformance.targets.reference" in targets  # the golden reference is the referee's own code
 
 

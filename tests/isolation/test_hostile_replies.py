@@ -152,7 +152,7 @@ def test_a_reply_the_wire_refuses_is_a_broken_case_naming_what_was_wrong(name, m
 
 
 def conformance(target: str, report_dir: Path, marker: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--target={target}", "--profile=smoke",
+    command = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", f"--target={target}", "--profile=smoke",
                "--report-dir", str(report_dir), *args]
     env = {**os.environ, "PYTHONPATH": str(TESTS), "HOSTILE_MARKER": str(marker)}
     completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
