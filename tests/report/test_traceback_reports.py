@@ -29,6 +29,8 @@ from conformance.report.clusters import add_clusters
 from conformance.report.document import results_document
 from conformance.report.junit import junit_tree, write_junit
 from conformance.text import TRACEBACK_LIMIT, format_traceback
+
+MISBEHAVING_TARGETS = Path(__file__).resolve().parents[1] / "misbehaving_targets.py"
 from conformance.verdict import FailureKind, Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,7 +164,8 @@ def test_a_run_whose_target_raised_writes_the_traceback_into_every_artifact(tmp_
     [record] = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))["results"]
     traceback = record["traceback"]
     suite_frame = 'conformance/target_call.py", line '
-    target_frame = 'tests/misbehaving_targets.py", line 100, in misbehave'
+    raise_line = 1 + next(n for n, line in enumerate(MISBEHAVING_TARGETS.read_text().splitlines()) if "synapse error 26" in line)
+    target_frame = f'tests/misbehaving_targets.py", line {raise_line}, in misbehave'
     assert (record["outcome"], record["kind"]) == ("broken", "raised") and suite_frame in traceback and target_frame in traceback
     assert escape(traceback) in (tmp_path / "report.html").read_text(encoding="utf-8")
     [error] = ET.parse(tmp_path / "junit.xml").getroot().iter("error")
