@@ -82,6 +82,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--profile", choices=sorted(PROFILES), help=f"how many cases, the case set (default: {DEFAULT_PROFILE})")
     group.addoption("--seed", type=int, help="run seed: another seed draws other cases (default: 0)")
+    group.addoption(
+        "--cases",
+        action="append",
+        metavar="QUERY",
+        help="run only the cases whose id a query matches (repeatable: any of them): a level (op, layer, model), "
+        "level:name, or level:name:key=value;…;* with * globs, e.g. 'op:lora_*:dtype=bf16;*' (docs/cases.md)",
+    )
     group.addoption("--replay", metavar="PATH", help="rerun the single case frozen in this replay file")
     group.addoption("--report-dir", metavar="DIR", help="where results and replays go (default: reports/<target>)")
     group.addoption(
@@ -236,6 +243,8 @@ def pytest_configure(config: pytest.Config) -> None:
         run = ConformanceRun(
             settings, worker=worker, runs_cases=_runs_cases(config), device_assignment=assignment, facts=facts, selection=_selection(config)
         )
+        if settings.cases:
+            run.cases_by_id()  # a --cases query that selects nothing is a usage error before collection
     except (RunError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
     for name in ("target", "profile", "seed", "shard", "report_dir", "expectations"):  # as the run settled them
@@ -279,7 +288,7 @@ def _selection(config: pytest.Config) -> dict:
     """``-k``, ``-m`` and the node-id arguments as given: the manifest records them (``expected`` lists
     what they selected), and ``--resume`` refuses others, which would leave expected cases without a result."""
     node_ids = [str(arg) for arg in config.args if "::" in str(arg)]
-    return {"keyword": config.option.keyword, "markexpr": config.option.markexpr, "node_ids": node_ids}
+    return {"keyword": config.option.keyword, "markexpr": config.option.markexpr, "node_ids": node_ids, "cases": config.option.cases or []}
 
 
 def _settle_shard(option) -> tuple[dict | None, str | None]:

@@ -37,6 +37,7 @@ from conformance.generator.cache import hypothesis_version
 from conformance.isolation import IsolatedExecutor, LocalExecutor
 from conformance.levels import KINDS, CaseKind, kind_of
 from conformance.levels.context import LevelContext
+from conformance.query import QueryError, parse_id, parse_query
 from conformance.record import CaseResult
 from conformance.report import write_html_report
 from conformance.report.document import results_document
@@ -59,6 +60,7 @@ class RunSettings:
     profile: str | None = None
     seed: int | None = None
     shard: str | None = None
+    cases: list[str] | None = None  # --cases: queries (conformance.query) the run's cases must match, any one of them
     replay: str | None = None
     resume: str | None = None
     report_dir: str | None = None
@@ -147,6 +149,10 @@ class ConformanceRun:
         self.shrink = settings.shrink
         self.seed = settings.seed or 0
         self.shard = self._shard(settings.shard)
+        try:
+            self.case_queries = tuple(parse_query(text) for text in settings.cases or ())
+        except QueryError as exc:
+            raise RunError(f"--cases: {exc}") from None
         self.report_dir = Path(settings.report_dir or Path("reports") / self.target_name.replace(":", "_").replace("/", "_"))
         self.expectations_path = self._expectations_path(settings.expectations)
         try:
@@ -269,11 +275,31 @@ class ConformanceRun:
         return [entry for position, entry in enumerate(cases) if position % count == index]
 
     def entries(self) -> list[CaseEntry]:
-        """``(case_id, case, values or None)`` for every case of this run, every level's (of its shard, if any):
-        the replayed case alone with ``--replay``."""
+        """``(case_id, case, values or None)`` for every case of this run, every level's: those ``--cases``
+        selects, of its shard (``--shard`` splits the selection); the replayed case alone with ``--replay``."""
         if self.replay_entry is not None:
             return [CaseEntry(self.replay_entry)]
-        return [CaseEntry((case_id, case, None)) for kind in self.kinds for case_id, case in self._in_shard(kind.cases(self.profile, self.seed))]
+        levels = [(kind, kind.cases(self.profile, self.seed)) for kind in self.kinds]
+        if self.case_queries:
+            levels = self._selected(levels)
+        return [CaseEntry((case_id, case, None)) for _, cases in levels for case_id, case in self._in_shard(cases)]
+
+    def _selected(self, levels: list) -> list:
+        """Each level's cases that a ``--cases`` query matches; a query that matches none is an error."""
+        names = {}
+        for kind, cases in levels:
+            for case_id, _ in cases:
+                try:
+                    names[case_id] = parse_id(case_id)
+                except QueryError as exc:
+                    raise RunError(f"the {kind.name} level's case ids must follow the suite's grammar (conformance.query): {exc}") from None
+        unmatched = [str(query) for query in self.case_queries if not any(query.matches(name) for name in names.values())]
+        if unmatched:
+            raise RunError(
+                f"--cases {', '.join(map(repr, unmatched))} selects no case of the {self.profile} profile (levels: "
+                f"{', '.join(kind.name for kind, _ in levels)}); `pytest conformance --collect-only -q --target=…` lists the ids"
+            )
+        return [(kind, [entry for entry in cases if any(query.matches(names[entry[0]]) for query in self.case_queries)]) for kind, cases in levels]
 
     def cases_by_id(self) -> dict:
         """Every case of this run's shard by id, at every level (drawn once: a profile's op cases take a second
@@ -445,21 +471,22 @@ class ConformanceRun:
         return document
 
 
-def run_selection(keyword: str = "", markexpr: str = "", node_ids=()) -> dict:
-    """The manifest's ``selection``: pytest's ``-k`` and ``-m`` expressions and the explicit node-id
-    arguments, as given; all empty for a script run, and for a manifest written before it was recorded.
+def run_selection(keyword: str = "", markexpr: str = "", node_ids=(), cases=()) -> dict:
+    """The manifest's ``selection``: pytest's ``-k`` and ``-m`` expressions, the explicit node-id
+    arguments and the ``--cases`` queries, as given; all empty for a script run, and for a manifest written before it was recorded.
 
     ``expected`` lists the cases they selected; the selection itself is kept so that ``--resume`` can
     refuse another one, which would leave some expected cases without a result.
     """
-    return {"keyword": keyword or "", "markexpr": markexpr or "", "node_ids": [str(node_id) for node_id in node_ids or ()]}
+    return {"keyword": keyword or "", "markexpr": markexpr or "", "node_ids": [str(node_id) for node_id in node_ids or ()],
+            "cases": [str(query) for query in cases or ()]}
 
 
 def _check_resumed_selection(report_dir, recorded: dict | None, given: dict) -> None:
     """Refuse a ``--resume`` given a ``-k``, ``-m`` or node ids other than the interrupted run's own."""
     recorded = recorded if isinstance(recorded, dict) else {}  # none recorded (an older manifest): no selection
-    recorded = run_selection(recorded.get("keyword"), recorded.get("markexpr"), recorded.get("node_ids"))
-    for option, name in (("-k", "keyword"), ("-m", "markexpr"), ("node ids", "node_ids")):
+    recorded = run_selection(recorded.get("keyword"), recorded.get("markexpr"), recorded.get("node_ids"), recorded.get("cases"))
+    for option, name in (("-k", "keyword"), ("-m", "markexpr"), ("node ids", "node_ids"), ("--cases", "cases")):
         if given[name] and given[name] != recorded[name]:
             was = f"{option} {recorded[name]!r}" if recorded[name] else f"no {option}"
             raise RunError(

@@ -25,7 +25,7 @@ DEVICE_SUM = custom_level.DEVICE_SUM
 def test_the_installed_level_is_found_by_its_entry_point_and_owns_its_cases():
     assert DEVICE_SUM in KINDS and DEVICE_SUM in installed_kinds()
     case_id, case = DEVICE_SUM.cases("smoke", 0)[1]
-    assert kind_of(case) is DEVICE_SUM and case_id == "device_sum:length=1000;seed=1"
+    assert kind_of(case) is DEVICE_SUM and case_id == "device_sum:float32:length=1000;seed=1"
     assert type(case).from_json(json.loads(json.dumps(case.to_json()))) == case
 
 

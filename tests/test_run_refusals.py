@@ -48,7 +48,7 @@ def interrupted(tmp_path_factory) -> Path:
 
 def test_the_manifest_records_the_selection_and_the_hypothesis_version(interrupted):
     manifest = json.loads((interrupted / "run.json").read_text())
-    assert manifest["selection"] == {"keyword": SELECTED, "markexpr": "", "node_ids": []}
+    assert manifest["selection"] == {"keyword": SELECTED, "markexpr": "", "node_ids": [], "cases": []}
     assert manifest["hypothesis_version"] == importlib.metadata.version("hypothesis")
 
 
@@ -108,11 +108,11 @@ def test_a_replay_of_an_unknown_op_is_a_usage_error_naming_it(tmp_path):
 
 def test_resume_with_other_node_ids_is_refused_and_without_any_is_not(interrupted, tmp_path):
     manifest = json.loads((interrupted / "run.json").read_text())
-    one = "conformance/test_cases.py::test_case[bgmv_shrink-fp16-slices1-r32-random]"
+    one = "conformance/test_cases.py::test_case[op:bgmv_shrink:dtype=fp16;slices=1;rank=32;family=random]"
     manifest["selection"] = {"keyword": "", "markexpr": "", "node_ids": [one]}
     (tmp_path / "run.json").write_text(json.dumps(manifest))
     assert ConformanceRun._resume(RunSettings(resume=str(tmp_path)), {"node_ids": [one]}) is not None
     assert ConformanceRun._resume(RunSettings(resume=str(tmp_path)), {"node_ids": []}) is not None
-    other = one.replace("fp16-slices1-r32", "bf16-slices1-r2")
+    other = one.replace("dtype=fp16;slices=1;rank=32", "dtype=bf16;slices=1;rank=2")
     with pytest.raises(RunError, match=r"selected with node ids \[.*fp16.*\], not node ids \[.*bf16.*\]; leave node ids out"):
         ConformanceRun._resume(RunSettings(resume=str(tmp_path)), {"node_ids": [other]})

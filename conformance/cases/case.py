@@ -13,6 +13,8 @@ from functools import cached_property
 
 import torch
 
+from conformance.query import case_id
+
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
@@ -226,9 +228,12 @@ class Case:
 
     @cached_property
     def case_id(self) -> str:
-        """A readable id: op, dtype, slices, rank, (experts and top_k,) family (the index is appended by the profile)."""
-        routing = f"-e{self.num_experts}k{self.top_k}" if self.is_moe else ""
-        return f"{self.op}-{SHORT_DTYPE[self.dtype]}-slices{self.num_slices}-r{self.max_rank}{routing}-{self.family}"
+        """The id (``conformance.query``): op, dtype, slices, rank, (experts and top_k,) family; a profile
+        appends ``;draw=N`` to the second and later draws of the same id."""
+        return case_id("op", self.op, {
+            "dtype": SHORT_DTYPE[self.dtype], "slices": self.num_slices, "rank": self.max_rank,
+            "experts": self.num_experts or None, "top_k": self.top_k if self.is_moe else None, "family": self.family,
+        })
 
     # -- serialization -----------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conformance.ops import OP_SPECS
+from conformance.query import file_name
 
 from .case import Case
 
@@ -27,10 +28,11 @@ FORMAT_VERSION = 1
 
 
 def write_replay(directory: str | Path, name: str, case: Case, values: dict[str, torch.Tensor], **about) -> Path:
-    """Write ``name.json`` and ``name.safetensors`` under ``directory``; return the JSON path."""
+    """Write the replay of the case ``name`` (its id, or its id with a suffix such as ``.shrunk``) as
+    ``<file name>.json`` and ``.safetensors`` under ``directory`` (``conformance.query.file_name``); return the JSON path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    json_path = directory / f"{name}.json"
+    json_path = directory / f"{file_name(name)}.json"
     tensor_path = json_path.with_suffix(".safetensors")
     save_file({key: value.contiguous() for key, value in values.items()}, str(tensor_path))
     document = {

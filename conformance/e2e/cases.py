@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conformance.query import case_id
 from conformance.wire import record_from_json, record_to_json
 
 from .generation import Request
@@ -150,7 +151,7 @@ class E2ECase:
     @property
     def case_id(self) -> str:
         short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[self.dtype]
-        return f"{self.kind}-{self.batch}-{short}"
+        return case_id("model", self.kind, {"batch": self.batch, "dtype": short})
 
     @property
     def requests(self) -> list[Request]:

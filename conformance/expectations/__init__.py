@@ -8,6 +8,7 @@ An expectations file is TOML with one ``[[known_failure]]`` table per entry::
     upstream = ["https://github.com/…/pull/48421"]
     expires = 2027-06-30                        # after this date the entry no longer applies
     ops = ["bgmv_*", "sgmv_*"]                  # fnmatch patterns (default: every op)
+    cases = ["op:lora_expand_fp8:dtype=bf16;*"] # optional: case queries (conformance.query), any one of them
     dtypes = ["bfloat16"]                       # optional
     features_all = ["decode"]                   # the case shows all of these (conformance.cases.features)
     features_any = ["neg1", "allneg1"]          # … at least one of these
@@ -22,6 +23,7 @@ failure, and a matched case that passes is an *unexpected pass*, which fails the
 list never outlives the bug. Shipped files live beside this module as ``<target>.toml``.
 
 Every entry must narrow what it covers by at least one of ``ops`` (a pattern other than ``*``),
+``cases`` (queries naming an op or parameters, not only a level),
 ``kinds``, ``failing_rows``, ``features_all`` or ``features_any``; an entry with none of them would turn
 every failure of every case into a known failure, so loading refuses it, naming the entry.
 
@@ -59,12 +61,13 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from conformance.cases.features import FEATURE_DOCS
+from conformance.query import Query, QueryError, matching, parse_query
 from conformance.verdict import FailureKind, Outcome
 
 SHIPPED_DIR = Path(__file__).parent
 SYMPTOMS = {"no-adapter": "every failing row uses no adapter (slot −1)"}
 _FIELDS = {
-    "id", "reason", "upstream", "expires", "ops", "dtypes",
+    "id", "reason", "upstream", "expires", "ops", "cases", "dtypes",
     "features_all", "features_any", "features_none", "failing_rows", "kinds", "versions",
 }
 FAIL_KINDS = frozenset(kind for kind in FailureKind if not kind.broken and kind is not FailureKind.NO_RESULT)
@@ -84,10 +87,12 @@ class KnownFailure:
     failing_rows: str | None = None
     kinds: frozenset[FailureKind] = FAIL_KINDS
     versions: tuple[tuple[str, SpecifierSet], ...] = ()
+    cases: tuple[Query, ...] = ()
 
-    def matches(self, op: str, dtype: str, features: frozenset[str]) -> bool:
+    def matches(self, op: str, dtype: str, features: frozenset[str], case_id: str | None = None) -> bool:
         return (
             any(fnmatch.fnmatchcase(op, pattern) for pattern in self.ops)
+            and (not self.cases or (case_id is not None and matching(self.cases, case_id)))
             and (self.dtypes is None or dtype in self.dtypes)
             and self.features_all <= features
             and (not self.features_any or bool(self.features_any & features))
@@ -246,11 +251,18 @@ def _entry(raw: dict, where: str) -> KnownFailure:
         except InvalidSpecifier:
             raise fail(f"field 'versions': {package} = {specifier!r} is not a PEP 440 specifier such as \"<0.33\"") from None
     ops = tuple(raw.get("ops", ("*",)))
-    if not _narrows(ops, kinds, failing_rows, features):
+    raw_cases = raw.get("cases", [])
+    if isinstance(raw_cases, str) or not all(isinstance(text, str) for text in raw_cases):
+        raise fail(f"field 'cases' must be a list of case queries like [\"op:lora_expand_fp8:dtype=bf16;*\"], got {raw_cases!r}")
+    try:
+        cases = tuple(parse_query(text) for text in raw_cases)
+    except QueryError as exc:
+        raise fail(f"field 'cases': {exc}") from None
+    if not _narrows(ops, kinds, failing_rows, features) and not any(query.name.strip("*") or query.params for query in cases):
         raise fail(
-            f"entry {str(raw['id'])!r} names no op, failure kind, symptom or feature, so it would turn every failure "
-            "of every case into a known failure: narrow it with ops (fnmatch patterns other than '*'), kinds, "
-            "failing_rows, features_all or features_any"
+            f"entry {str(raw['id'])!r} names no op, case, failure kind, symptom or feature, so it would turn every failure "
+            "of every case into a known failure: narrow it with ops (fnmatch patterns other than '*'), cases (queries "
+            "naming an op or parameters), kinds, failing_rows, features_all or features_any"
         )
     return KnownFailure(
         id=str(raw["id"]),
@@ -258,6 +270,7 @@ def _entry(raw: dict, where: str) -> KnownFailure:
         upstream=tuple(upstream),
         expires=expires,
         ops=ops,
+        cases=cases,
         dtypes=tuple(dtypes) if dtypes is not None else None,
         failing_rows=failing_rows,
         kinds=kinds,
@@ -307,9 +320,9 @@ def apply_expectations(result, entries: tuple[KnownFailure, ...], today: _dt.dat
     """The result with its outcome adjusted by the first matching, unexpired entry.
 
     ``entries`` are those that apply here (:func:`split_applicable`)."""
-    matching = [e for e in entries if e.matches(result.case.op, result.case.dtype, result.features)]
-    live = [e for e in matching if e.expires >= today]
-    expired = [e for e in matching if e.expires < today]
+    matched = [e for e in entries if e.matches(result.case.op, result.case.dtype, result.features, result.case_id)]
+    live = [e for e in matched if e.expires >= today]
+    expired = [e for e in matched if e.expires < today]
     if not live:
         if expired and result.outcome is Outcome.FAIL:
             note = f" (known failure {expired[0].id} expired on {expired[0].expires}: re-check and renew or remove it)"

@@ -93,5 +93,5 @@ def _draw_profile(profile: Profile, run_seed: int, ops, dtypes) -> list[tuple[st
                 for case in drawn:
                     base = case.case_id
                     seen[base] = seen.get(base, 0) + 1
-                    chosen.append((base if seen[base] == 1 else f"{base}-{seen[base]}", case))
+                    chosen.append((base if seen[base] == 1 else f"{base};draw={seen[base]}", case))
     return chosen

@@ -7,9 +7,8 @@ worker's reports (``pytest_runtest_logreport``) and the collected ids
 (``pytest_xdist_node_collection_finished``). A line is printed when ``--progress-every`` seconds have
 passed since the last one (0: after every case), and once more at the end. A case is counted when its
 teardown is reported, so each counts once whatever phase ended it; it counts as a failure when any
-phase failed (a known failure is an xfail, not a failure). Cases are grouped by the first part of
-their test id (the op for op cases, ``tp2``/``tp4`` for tensor-parallel ones, the check for end-to-end
-ones).
+phase failed (a known failure is an xfail, not a failure). Cases are grouped by their id (``group_of``: the op for op cases, ``tp2``/``tp4`` for tensor-parallel
+ones, the check for end-to-end ones).
 
 The time left is an estimate, and the line says so. Cases of different levels cost very different
 times (an op case about 10 ms, a tensor-parallel or end-to-end case from half a second on the CPU to
@@ -32,6 +31,7 @@ from collections.abc import Callable
 import pytest
 
 from conformance.journal import case_id_of
+from conformance.query import QueryError, parse_id
 
 # Seconds per case of each level before one of its cases has finished, from docs/benchmarks-suite.md
 # (hpu-emulated on the 2-core CI machine, serial, warm cache; each part timed alone, start-up included):
@@ -44,11 +44,19 @@ UNKNOWN_LEVEL = "op"  # a test that is no conformance case (or a run without a p
 
 
 def group_of(nodeid: str) -> str:
-    """``test_case[bgmv_shrink-fp16-…]`` → ``bgmv_shrink``; a test without parameters → its name."""
-    name = nodeid.rsplit("::", 1)[-1]
-    if "[" in name:
-        return name.split("[", 1)[1].rstrip("]").split("-", 1)[0]
-    return name
+    """The group of a case's test: ``test_case[op:bgmv_shrink:…]`` → ``bgmv_shrink``, ``layer:…:tp=2;…`` →
+    ``tp2`` (one rank pool per size), ``model:greedy_generation:…`` → ``greedy_generation``, another
+    level's case → its level; a test that is no case → its name."""
+    case_id = case_id_of(nodeid)
+    try:
+        parsed = parse_id(case_id) if case_id else None
+    except QueryError:
+        parsed = None
+    if parsed is None:
+        return nodeid.rsplit("::", 1)[-1]
+    if parsed.level == "layer":
+        return f"tp{parsed.param('tp')}"
+    return parsed.name if parsed.level in ("op", "model") else parsed.level
 
 
 def duration(seconds: float) -> str:

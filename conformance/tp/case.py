@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from conformance.cases.case import DTYPES, SHORT_DTYPE
+from conformance.query import case_id
 
 LAYERS = ("column", "merged_column", "qkv", "row", "qkv_indexer")
 """vLLM's layer kinds: ``ColumnParallelLinearWithLoRA`` (one slice), ``MergedColumnParallelLinearWithLoRA``
@@ -160,10 +161,11 @@ class TPCase:
 
     @cached_property
     def case_id(self) -> str:
-        sharding = "-fully_sharded" if self.fully_sharded else ""
-        replicated = f"-kv_replicas{self.kv_replicas}" if self.kv_replicas > 1 else ""
-        replicated += f"-index_kv_replicas{self.index_kv_replicas}" if self.index_kv_replicas > 1 else ""
-        return f"tp{self.tp_size}-{self.layer}{sharding}{replicated}-{SHORT_DTYPE[self.dtype]}-{self.family}"
+        return case_id("layer", self.layer, {
+            "tp": self.tp_size, "dtype": SHORT_DTYPE[self.dtype], "fully_sharded": self.fully_sharded,
+            "kv_replicas": self.kv_replicas if self.kv_replicas > 1 else None,
+            "index_kv_replicas": self.index_kv_replicas if self.index_kv_replicas > 1 else None, "family": self.family,
+        })
 
     def features(self) -> frozenset[str]:
         """Names the expectations and the report match on: the TP size, the sharding, and the batch's rows."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from conformance.cases.case import DTYPES, SHORT_DTYPE
+from conformance.query import case_id
 
 from .case import batch_features, case_from_json, case_to_json
 
@@ -142,9 +143,10 @@ class MoETPCase:
 
     @cached_property
     def case_id(self) -> str:
-        fused = "-fused" if self.fused_w13 else ""
-        padded = f"-padded{self.alignment}" if self.padding else ""
-        return f"tp{self.tp_size}-{self.layer}{fused}{padded}-{SHORT_DTYPE[self.dtype]}-{self.family}"
+        return case_id("layer", self.layer, {
+            "tp": self.tp_size, "dtype": SHORT_DTYPE[self.dtype], "fused": self.fused_w13 or None,
+            "padded": self.alignment if self.padding else None, "family": self.family,
+        })
 
     def features(self) -> frozenset[str]:
         used = {s for s in self.seq_slots if s != -1}

@@ -66,7 +66,7 @@ class TestJournal:
             journal.read_manifest(tmp_path)
 
     def test_case_ids_come_from_conformance_tests_only(self):
-        assert journal.case_id_of("conformance/test_cases.py::test_case[bgmv_shrink-fp32-slices1-r16-neg1]") == "bgmv_shrink-fp32-slices1-r16-neg1"
+        assert journal.case_id_of("conformance/test_cases.py::test_case[op:bgmv_shrink:dtype=fp32;slices=1;rank=16;family=neg1]") == "op:bgmv_shrink:dtype=fp32;slices=1;rank=16;family=neg1"
         assert journal.case_id_of("conformance/test_cases.py::test_case[greedy_generation-mixed-bf16]") == "greedy_generation-mixed-bf16"
         assert journal.case_id_of("tests/test_x.py::test_y[1]") is None
 

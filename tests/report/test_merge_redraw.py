@@ -24,7 +24,7 @@ from conformance.generator import profile_cases
 from conformance.report import MergeError, merge_documents
 from conformance.runner import make_values
 
-SELECTION = "bgmv_shrink and random or tp2-column-fp32 or teacher_forced_logits-mixed-fp32"
+SELECTION = ("op:bgmv_shrink:family=random;*", "layer:column:tp=2;dtype=fp32;fully_sharded=0;*", "model:teacher_forced_logits:batch=mixed;dtype=fp32")
 HYPOTHESIS = importlib.metadata.version("hypothesis")
 
 
@@ -36,10 +36,10 @@ def merge(paths: list[Path], out: Path) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def shard(tmp_path_factory) -> dict:
     report_dir = tmp_path_factory.mktemp("shard")
-    completed = conformance("--target=reference", "--profile=smoke", "-k", SELECTION, report_dir=report_dir)
+    completed = conformance("--target=reference", "--profile=smoke", *(f"--cases={query}" for query in SELECTION), report_dir=report_dir)
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     document = results(report_dir)
-    assert sorted(r["id"][:4] for r in document["results"]) == ["bgmv", "bgmv", "bgmv", "teac", "tp2-"]
+    assert sorted(r["id"].split(":")[0] for r in document["results"]) == ["layer", "model", "op", "op", "op"]
     assert document["hypothesis_version"] == HYPOTHESIS
     return document
 
@@ -61,7 +61,7 @@ def test_an_unedited_shard_merges(shard, tmp_path):
 
 def test_a_result_whose_case_was_edited_is_refused_naming_file_case_and_field(shard, tmp_path):
     edited = copy.deepcopy(shard)
-    result = _by_id(edited, "bgmv_shrink")
+    result = _by_id(edited, "op:bgmv_shrink:")
     result["case"]["scale"] = result["case"]["scale"] * 2 + 1  # another case, still recorded as a pass
     path = tmp_path / "shard0" / "results.json"
     path.parent.mkdir()
@@ -75,7 +75,7 @@ def test_a_result_whose_case_was_edited_is_refused_naming_file_case_and_field(sh
 
 @pytest.mark.parametrize(
     ("prefix", "field", "value"),
-    [("bgmv_shrink", "seed", 1), ("tp2-", "tp_size", 4), ("teacher_forced", "max_loras", 1)],
+    [("op:bgmv_shrink:", "seed", 1), ("layer:", "tp_size", 4), ("model:teacher_forced", "max_loras", 1)],
     ids=["op", "tensor-parallel", "end-to-end"],
 )
 def test_every_level_of_case_is_checked(shard, prefix, field, value):
@@ -88,8 +88,8 @@ def test_every_level_of_case_is_checked(shard, prefix, field, value):
 
 def test_a_result_under_an_id_the_profile_does_not_draw_is_refused(shard):
     edited = copy.deepcopy(shard)
-    _by_id(edited, "bgmv_shrink")["id"] = "bgmv_shrink-fp32-slices1-r16-imaginary"
-    with pytest.raises(MergeError, match="case bgmv_shrink-fp32-slices1-r16-imaginary is not a case of profile smoke seed 0"):
+    _by_id(edited, "op:bgmv_shrink:")["id"] = "op:bgmv_shrink:dtype=fp32;slices=1;rank=16;family=imaginary"
+    with pytest.raises(MergeError, match="case op:bgmv_shrink:dtype=fp32;slices=1;rank=16;family=imaginary is not a case of profile smoke seed 0"):
         merge_documents([edited], ["s0.json"])
 
 
@@ -103,7 +103,7 @@ def test_a_shard_without_its_hypothesis_version_is_checked_by_drawing_again(shar
     older = copy.deepcopy(shard)
     del older["hypothesis_version"]
     assert [r["id"] for r in merge_documents([older], ["s0.json"])["results"]] == [r["id"] for r in shard["results"]]
-    _by_id(older, "bgmv_shrink")["case"]["scale"] = 1e3
+    _by_id(older, "op:bgmv_shrink:")["case"]["scale"] = 1e3
     with pytest.raises(MergeError, match="'scale'.*records no Hypothesis version, so the one that drew it is unknown"):
         merge_documents([older], ["s0.json"])
 

@@ -14,8 +14,8 @@ import pytest
 from conformance.journal import node_id
 from conformance.report.progress import LEVEL_PRIORS, Progress
 
-OP_IDS = [f"bgmv_shrink-fp16-r{n}" for n in range(100)]
-TP_IDS = [f"tp{size}-column-fp32-{n}" for size in (2, 4) for n in range(84)]
+OP_IDS = [f"op:bgmv_shrink:dtype=fp16;rank={n}" for n in range(100)]
+TP_IDS = [f"layer:column:tp={size};dtype=fp32;draw={n}" for size in (2, 4) for n in range(84)]
 PLAN = {**{case_id: ("op", False) for case_id in OP_IDS}, **{case_id: ("layer", False) for case_id in TP_IDS}}
 
 
@@ -76,7 +76,7 @@ def test_a_started_group_is_estimated_from_its_own_cases_and_an_unstarted_one_fr
 
 def test_cases_the_facts_refuse_and_skipped_cases_cost_nothing():
     clock = FakeClock()
-    plan = {**PLAN, **{case_id: ("layer", True) for case_id in TP_IDS if case_id.startswith("tp4")}}
+    plan = {**PLAN, **{case_id: ("layer", True) for case_id in TP_IDS if ":tp=4;" in case_id}}
     progress = progress_of(plan, clock, workers=2)
     finish(progress, clock, TP_IDS[0], 0.0, outcome="skipped")  # not supported, said by its worker: not a measurement
     finish(progress, clock, TP_IDS[1], 30.0)  # the first case that ran pays the rank pool's start

@@ -29,11 +29,10 @@ from conformance.report.clusters import add_clusters
 from conformance.report.document import results_document
 from conformance.report.junit import junit_tree, write_junit
 from conformance.text import TRACEBACK_LIMIT, format_traceback
-
-MISBEHAVING_TARGETS = Path(__file__).resolve().parents[1] / "misbehaving_targets.py"
 from conformance.verdict import FailureKind, Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
+MISBEHAVING_TARGETS = ROOT / "tests" / "misbehaving_targets.py"
 UNSAFE = re.compile(r"[\ud800-\udfff\x00-\x08\x0b-\x1f\x7f-\x9f]")
 BROKEN_ID = "add_lora_linear-f32-traceback"
 

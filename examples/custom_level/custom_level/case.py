@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conformance.query import case_id
+
 LEVEL = "device_sum"
 
 
@@ -21,8 +23,8 @@ class DeviceSumCase:
 
     @property
     def case_id(self) -> str:
-        """The case's parameters, serialized: ``device_sum:length=4096;seed=3``."""
-        return f"{LEVEL}:length={self.length};seed={self.seed}"
+        """The case's parameters in the suite's id grammar (``conformance.query``): ``device_sum:float32:length=4096;seed=3``."""
+        return case_id(LEVEL, "float32", {"length": self.length, "seed": self.seed})
 
     def features(self) -> frozenset[str]:
         return frozenset({"long" if self.length > 4096 else "short"})
