@@ -28,6 +28,8 @@ Each fault below is a subclass changing one method, with a docstring naming the 
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from conformance.ops import OP_SPECS
@@ -1494,6 +1496,45 @@ class Fp8ScaleReciprocal(PlainTorchTarget):
         return 1.0 / super().weight_scale_of(b_scale, mode, shape, group_k, group_n)
 
 
+class Fp8ReadAsFnuzWithoutNegativeZeroFix(PlainTorchTarget):
+    """e4m3fn codes reinterpreted as e4m3fnuz (AMD's fp8 before MI350) with the scale doubled, as vLLM's ROCm path
+    normalizes fp8 weights (``normalize_e4m3fn_to_e4m3fnuz``), but without its fix of 0x80: e4m3fn's −0 is fnuz's
+    NaN. Every other code reads as half its value (fnuz's exponent bias is 8, not 7), which the doubled scale
+    restores exactly, so only a −0 code the op reads shows it (fp8_values places one in every operand)."""
+
+    name = "fault-fp8-fnuz-negative-zero-nan"
+
+    def fp8_values(self, codes):
+        return codes.view(torch.float8_e4m3fnuz).float() * 2.0  # the doubled scale, applied to the values
+
+
+class Fp8ExpandPartialRankGroupClamped(PlainTorchTarget):
+    """lora_expand_fp8's block scales along the rank (its K) looked up among ``⌊R / group_k⌋`` groups instead of
+    ``⌈R / group_k⌉``, the group index clamped into them: the ranks of a partial last group read the scale of
+    the group before it (index ``⌈R / group_k⌉ − 2``), in ``a_scale`` and ``b_scale``. A port that sizes the
+    rank's scale grid by floor division, as if every rank were a multiple of ``group_k`` (power-of-two ranks
+    from 32 with groups of 16–32 are): only a rank that is no multiple of ``group_k`` shows it."""
+
+    name = "fault-fp8-expand-partial-rank-group-clamped"
+
+    def lora_expand_fp8(self, *args, **kwargs):
+        call = inspect.signature(super().lora_expand_fp8).bind(*args, **kwargs)
+        call.apply_defaults()
+        given = call.arguments
+        rank, group_k, group_n = given["inputs"].size(-1), given["group_k"], given["group_n"]
+        if given["use_fp8_w8a8"] and group_k > 0 and group_n > 0 and rank % group_k and rank > group_k:
+            given["a_scale"] = self.last_group_reads_the_one_before(given["a_scale"])
+            given["b_scale"] = [self.last_group_reads_the_one_before(s) for s in given["b_scale"]]
+        return super().lora_expand_fp8(*call.args, **call.kwargs)
+
+    @staticmethod
+    def last_group_reads_the_one_before(scale: torch.Tensor) -> torch.Tensor:
+        """A copy of the ``[…, ⌈R/group_k⌉]`` scales whose last K-group holds the one before it (the inputs stay)."""
+        clamped = scale.clone()
+        clamped[..., -1] = scale[..., -2]
+        return clamped
+
+
 FP8_FAULTS: tuple[type[PlainTorchTarget], ...] = (
     Fp8SaturatesAtGaudi2Range,
     Fp8ReadAsE5M2,
@@ -1506,6 +1547,8 @@ FP8_FAULTS: tuple[type[PlainTorchTarget], ...] = (
     Fp8DequantizedInBf16,
     Fp8ScaleRoundedToBf16,
     Fp8ScaleReciprocal,
+    Fp8ReadAsFnuzWithoutNegativeZeroFix,
+    Fp8ExpandPartialRankGroupClamped,
 )
 """The fp8 ops' faults: each changes only lora_shrink_fp8 / lora_expand_fp8, so only their cases can catch it."""
 
@@ -1535,7 +1578,27 @@ class MoEFp8IntermediateRequantized(PlainTorchTarget):
         return (codes.float() * scale).to(out_dtype)
 
 
-MOE_FP8_FAULTS: tuple[type[PlainTorchTarget], ...] = (MoEFp8ScaleOfExpertZero, MoEFp8IntermediateRequantized)
+class MoEFp8PairScaleReadPerToken(PlainTorchTarget):
+    """fused_moe_lora_fp8 with the routing weight (w2: an input row and a per-channel activation scale per pair)
+    reading pair ``p``'s scale from row ``p // top_k``, its token's: vLLM's dense fused_moe kernel indexes the
+    activation scales by ``offs_token // top_k`` (its input has a row per token); a port that keeps that index for
+    the scales where the input rows are the pairs' scales all but the first ``T`` pairs by another pair's scale.
+    With top_k 1 the two indices agree: only a per-channel w2 case with two choices or more can see it."""
+
+    name = "fault-moe-fp8-pair-scale-read-per-token"
+
+    def fused_moe_lora_fp8(self, *args, **kwargs):
+        call = inspect.signature(super().fused_moe_lora_fp8).bind(*args, **kwargs)
+        call.apply_defaults()
+        given = call.arguments
+        scale = given["shrink_act_scale"]
+        if given["mul_routed_weight"] and given["per_channel_quant"] and scale is not None:
+            rows = torch.arange(scale.size(0), device=scale.device)
+            given["shrink_act_scale"] = scale[rows // given["top_k_num"]]  # a new tensor: the input stays as it was
+        return super().fused_moe_lora_fp8(*call.args, **call.kwargs)
+
+
+MOE_FP8_FAULTS: tuple[type[PlainTorchTarget], ...] = (MoEFp8ScaleOfExpertZero, MoEFp8IntermediateRequantized, MoEFp8PairScaleReadPerToken)
 """fused_moe_lora_fp8's own faults (the dense fp8 faults above reach it too, through the same helpers)."""
 
 

@@ -95,6 +95,11 @@ class Family:
     def feature_size(self, draw, default_max: int) -> int:
         return draw(st.integers(8, default_max))
 
+    def hidden_size(self, draw, default_max: int) -> int:
+        """The hidden size where the family draws no real or odd size (``sized``): freely, whatever ``feature_size``
+        a subclass has (only fp8_block steers it, towards partial scale groups)."""
+        return Family.feature_size(self, draw, default_max)
+
     def first_width(self, draw, limits: Limits) -> int:
         """The width of the first output slice where the family draws no real or odd size (``sized``)."""
         return draw(st.integers(1, limits.max_width))
@@ -857,6 +862,11 @@ class Fp8Scales(Family):
     def equal_widths(self) -> bool:
         return True
 
+    def first_width(self, draw, limits: Limits) -> int:
+        # 8 columns at least: a served slot's LoRA-B then has a code below 448 for each special code
+        # (fp8_values.place_special_codes) even at rank 2 with a scale per channel (two codes a group, one of them 448)
+        return draw(st.integers(8, max(8, limits.max_width)))
+
 
 class Fp8Tensor(Fp8Scales):
     name, doc, feature, scales = "fp8_tensor", "fp8 operands, one activation scale and one weight scale per slot", "fp8_tensor", "tensor"
@@ -865,22 +875,53 @@ class Fp8Tensor(Fp8Scales):
 class Fp8Channel(Fp8Scales):
     name, doc, feature, scales = "fp8_channel", "fp8 operands, a scale per token and per output channel", "fp8_channel", "channel"
 
+    def top_k(self, draw, experts: int) -> int:
+        # fused_moe_lora_fp8: two choices at least. With the routing weight (w2) the input and its per-row scales are
+        # per pair, and only with several pairs per token does a scale read per token (row p // top_k) differ
+        return draw(st.integers(2, min(experts, 4)))
+
+    def routed_weight(self, draw) -> bool:
+        # w2 (a row and a scale per pair) three times in four, so the few cases of a profile hold one; w13 (a row and
+        # a scale per token, read for each of its pairs) the fourth
+        return draw(st.integers(0, 3)) > 0
+
 
 class Fp8Block(Fp8Scales):
     name, doc, feature, scales = "fp8_block", "fp8 operands, a scale per group_k × group_n block", "fp8_block", "block"
 
+    # The sizes the groups split, each with two groups at least: the hidden size (the shrink's K) and the slice width
+    # (the expand's N) always leave a partial last group (_partial_size), the rank (the shrink's N, the expand's K)
+    # three times in four; else it is a power of two from 32, as vLLM's ranks are, split into whole groups.
+
     def max_rank(self, draw, limits: Limits) -> int:
-        # the rank is the shrink's N and the expand's K: two blocks of 16 at least
+        if draw(st.integers(0, 3)) < 3:
+            return _partial_size(draw, limits.max_rank)
         return draw(st.sampled_from([r for r in POWER_OF_TWO_RANKS if 32 <= r <= max(32, limits.max_rank)]))
 
+    def steer_ranks(self, draw, ranks: list[int], served: list[int], max_rank: int) -> list[int]:
+        # a served slot of the stack's full rank: the last rank group (the expand's last K-group, the shrink's last
+        # N-group) is read with weights only by a slot whose rank reaches into it
+        if served and all(ranks[slot] != max_rank for slot in served):
+            ranks[draw(st.sampled_from(served))] = max_rank
+        return ranks
+
     def first_width(self, draw, limits: Limits) -> int:
-        return draw(st.integers(32, max(32, limits.max_width)))
+        return _partial_size(draw, limits.max_width)
+
+    def hidden_size(self, draw, default_max: int) -> int:
+        return _partial_size(draw, default_max)
 
     def fp8_groups(self, draw, k: int, n: int) -> tuple[int, int]:
         def below(size: int) -> int:
             return draw(st.sampled_from([g for g in FP8_GROUP_SIZES if g < size] or [FP8_GROUP_SIZES[0]]))
 
         return below(k), below(n)
+
+
+def _partial_size(draw, high: int) -> int:
+    """A size in 17 … ``high`` (two groups of 16 at least) that is no multiple of 16, so that every block-scale group
+    size (``FP8_GROUP_SIZES``, 16–128) leaves a partial last group: where a kernel's scale lookup clamps or drops."""
+    return draw(st.integers(17, max(17, high)).map(lambda size: size if size % 16 else size - 1))
 
 
 def _small_products(limits: Limits) -> Limits:

@@ -97,8 +97,8 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
     hidden_is_sized = family.sized and "hidden" in spec.knobs
     if "hidden" not in spec.knobs:
         hidden = _left("hidden")
-    else:  # only a sized family's hidden size is its own; the others draw it freely
-        hidden = family.feature_size(draw, limits.max_hidden) if hidden_is_sized else Family.feature_size(family, draw, limits.max_hidden)
+    else:  # a sized family's hidden size is its feature size; the others' is Family.hidden_size (free but for fp8_block)
+        hidden = family.feature_size(draw, limits.max_hidden) if hidden_is_sized else family.hidden_size(draw, limits.max_hidden)
     if moe:
         slices = _moe_slices(draw, spec, family, limits)
     else:
