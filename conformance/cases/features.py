@@ -1,9 +1,14 @@
-"""The edge-case features a case exhibits, read off its structure.
+"""The edge-case features a case exercises, read off its structure and what its op serves.
 
 These names are the vocabulary shared by the generator (families aim at them), the expectations files
 (which cases a known failure covers) and the report (which corners failed). The generator leaves
 every knob an op does not use at its default, so a feature only shows up where it matters; the knobs
 (``conformance.cases.knobs``) name the features each can show.
+
+A feature counts what the op reads, not what was drawn (:func:`served_slots`): a rank, a slot or a
+routing corner only shows on a row an adapter serves (a slot other than −1, enabled, and for the MoE
+ops a pair of a local expert), since the kernels skip every other row. A case that serves no row
+exercises the batch's shape and ``allneg1`` alone: its scale, bias, sizes and ranks are never read.
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ FEATURE_DOCS = {
     "len1_seq": "a sequence of length 1 among longer ones",
     "t1": "a single token",
     "large_t": f"at least {LARGE_T} tokens",
-    "long_batch": f"more than {LONG_BATCH:,} rows in one call: tokens (and so pairs, for the MoE ops), or sampled rows for the logits and classification heads",
-    "rank_padded": "an adapter of rank below the stack's max rank (zero-padded)",
-    "rank_odd": "a rank that is not a multiple of 16",
-    "rank_512": "a stack rank above 256: 320 or 512 (vLLM's largest max_lora_rank)",
+    "long_batch": f"a served row past the first {LONG_BATCH:,} of one call: tokens (and so pairs, for the MoE ops), or sampled rows for the logits and classification heads",
+    "rank_padded": "an adapter of rank below the stack's max rank (zero-padded) serves a row",
+    "rank_odd": "an adapter whose rank is no multiple of 16 serves a row",
+    "rank_max": "an adapter of rank 256 serves a row (the largest power-of-two max_lora_rank below 320)",
+    "rank_512": "an adapter of rank above 256 serves a row: 320 or 512 (vLLM's largest max_lora_rank)",
     "real_hidden": "a hidden size of a real model",
     "odd_hidden": "a hidden size that is no multiple of any block size",
     "multi_slice": "two or more output slices",
@@ -84,10 +90,28 @@ def _runs(slots: tuple[int, ...]) -> list[int]:
     return runs
 
 
+def served_slots(case: Case) -> frozenset[int]:
+    """The slots that serve at least one row of the case's op: not −1, not disabled (``adapter_enabled`` /
+    ``module_enabled`` 0), and, for the MoE ops, on a pair whose expert is local."""
+    disabled = set(case.disabled_slots)
+    if case.is_moe:
+        return frozenset(
+            slot for slot, ids in zip(case.token_slots, case.topk_ids)
+            if slot != -1 and slot not in disabled and any(case.local_expert(e) != -1 for e in ids)
+        )  # fmt: skip
+    return frozenset(slot for slot in _row_slots(case) if slot != -1 and slot not in disabled)
+
+
+# What a case that serves no row still exercises: the shape of its batch (and allneg1 itself).
+BATCH_FEATURES = frozenset({"allneg1", "one_slot", "t1", "large_t", "decode", "unequal_seqs", "len1_seq",
+                            "seg_permuted", "seg_gap", "seg_late_start", "uncovered_rows"})  # fmt: skip
+
+
 def case_features(case: Case) -> frozenset[str]:
     slots = case.token_slots
-    used = {s for s in slots if s != -1}
-    runs = [s for s in _runs(slots) if s != -1]
+    used = served_slots(case)
+    runs = [s for s in _runs(slots) if s in used]
+    ranks = [case.adapter_ranks[s] for s in used]
     found = {
         # a real segment of slot −1, not a row no segment covers (that is "uncovered_rows")
         "neg1": -1 in case.seq_slots and bool(used),
@@ -99,10 +123,12 @@ def case_features(case: Case) -> frozenset[str]:
         "len1_seq": len(case.seq_lens) > 1 and 1 in case.seq_lens and max(case.seq_lens) > 1,
         "t1": case.num_tokens == 1,
         "large_t": case.num_tokens >= LARGE_T,
-        "long_batch": _op_rows(case) > LONG_BATCH,
-        "rank_padded": any(case.adapter_ranks[s] < case.max_rank for s in used),
-        "rank_odd": any(r % 16 for r in (case.max_rank, *case.adapter_ranks)),
-        "rank_512": case.max_rank > 256,
+        # a served row past the first 2,048 (a token's, for the MoE ops: its pairs lie past 2,048 too)
+        "long_batch": any(slot in used for slot in _row_slots(case)[LONG_BATCH:]),
+        "rank_padded": any(rank < case.max_rank for rank in ranks),
+        "rank_odd": any(rank % 16 for rank in ranks),
+        "rank_max": 256 in ranks,
+        "rank_512": any(rank > 256 for rank in ranks),
         "real_hidden": case.hidden_size in REAL_HIDDEN_SIZES or case.output_width in REAL_HIDDEN_SIZES,
         "odd_hidden": case.hidden_size in ODD_HIDDEN_SIZES or case.output_width in ODD_HIDDEN_SIZES,
         "multi_slice": case.num_slices > 1,
@@ -121,10 +147,10 @@ def case_features(case: Case) -> frozenset[str]:
         **_layout_features(case),
     }
     if case.is_moe:
-        found.update(_routing_features(case))
+        found.update(_routing_features(case, used))
     elif _reads(case, "module_enabled"):  # the classification heads: disabled slots are heads that were not saved
         found.update(_head_features(case))
-    return frozenset(name for name, present in found.items() if present)
+    return frozenset(name for name, present in found.items() if present and (used or name in BATCH_FEATURES))
 
 
 def _layout_features(case: Case) -> dict[str, bool]:
@@ -141,16 +167,20 @@ def _layout_features(case: Case) -> dict[str, bool]:
     }
 
 
-def _routing_features(case: Case) -> dict[str, bool]:
-    chosen = [e for ids in case.topk_ids for e in ids]
+def _routing_features(case: Case, served: frozenset[int]) -> dict[str, bool]:
+    """The routing corners, over the tokens an adapter serves (the kernels skip every other token's pairs)."""
+    served_tokens = [t for t, slot in enumerate(case.token_slots) if slot in served]
+    routes = [case.topk_ids[t] for t in served_tokens]
+    chosen = [e for ids in routes for e in ids]
     counts = [chosen.count(e) for e in range(case.global_experts)]
     used_slots = {s for s in case.token_slots if s != -1}
+    served_pairs = {t * case.top_k + k for t in served_tokens for k in range(case.top_k)}
     return {
         "moe_wide_topk": case.top_k >= 4,
         "moe_many_experts": case.global_experts >= 32,
         "moe_hot_expert": bool(chosen) and max(counts) * 2 >= len(chosen) > 1 and min(counts) == 0,
-        "moe_duplicate": any(len(set(ids)) < len(ids) for ids in case.topk_ids),
-        "moe_zero_weight": bool(case.zero_weight_pairs),
+        "moe_duplicate": any(len(set(ids)) < len(ids) for ids in routes),
+        "moe_zero_weight": bool(served_pairs & set(case.zero_weight_pairs)),
         "moe_nonlocal": any(case.local_expert(e) == -1 for e in chosen),
         "moe_disabled": bool(used_slots & set(case.disabled_slots)),
         "moe_shared": case.shared_experts,
@@ -185,13 +215,13 @@ def _reads(case: Case, knob: str) -> bool:
     return spec is not None and knob in spec.knobs
 
 
-def _op_rows(case: Case) -> int:
-    """The rows one call of the case's op handles per (token, choice): its sampled rows for an op whose rows are
-    those (``OpSpec.rows``), else its tokens (an MoE op's pairs are top_k per token)."""
+def _row_slots(case: Case) -> tuple[int, ...]:
+    """The slot of each row one call of the case's op handles: its sampled rows for an op whose rows are those
+    (``OpSpec.rows``), else its tokens (an MoE op's pairs are top_k per token)."""
     from conformance.ops import OP_SPECS
 
     spec = OP_SPECS.get(case.op)
-    return len(case.sampled_slots) if spec is not None and spec.rows == "sampled" else case.num_tokens
+    return case.sampled_slots if spec is not None and spec.rows == "sampled" else case.token_slots
 
 
 def _fills_whole_blocks(case: Case) -> bool:

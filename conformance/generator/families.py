@@ -50,6 +50,9 @@ class Family:
     about_values: ClassVar[bool] = False
     # aimed only at the ops that name it (OpSpec.families), never by its knobs alone
     named_only: ClassVar[bool] = False
+    # every case serves at least one row from an adapter: a case whose rows are all slot −1 can only check that
+    # nothing was written, and its family's corner (a rank, a size, a layout) is never read (allneg1 alone is that case)
+    serves: ClassVar[bool] = True
 
     def applies_to(self, spec: OpSpec, dtype: str) -> bool:
         if spec.families is not None and self.name not in spec.families:
@@ -73,7 +76,10 @@ class Family:
         return draw(st.lists(st.integers(1, max_len), min_size=self.min_seqs, max_size=max(self.min_seqs, limits.max_seqs)))
 
     def sequence_slots(self, draw, num_seqs: int, num_slots: int) -> tuple[int, ...]:
-        return tuple(self.steer_slots(draw, self._slots(draw, num_seqs, num_slots), num_slots))
+        slots = self.steer_slots(draw, self._slots(draw, num_seqs, num_slots), num_slots)
+        if self.serves and all(slot == -1 for slot in slots):  # steered, not rejected: the draw stays shrinkable
+            slots[draw(st.integers(0, len(slots) - 1))] = draw(st.integers(0, num_slots - 1))
+        return tuple(slots)
 
     def _slots(self, draw, num_seqs: int, num_slots: int) -> list[int]:
         return draw(st.lists(st.integers(-1, num_slots - 1), min_size=num_seqs, max_size=num_seqs))
@@ -91,6 +97,11 @@ class Family:
     def affordable(self, limits: Limits, max_rank: int, ranks: tuple[int, ...]) -> tuple[Limits, int, tuple[int, ...]]:
         """Smaller limits for a family whose cases would otherwise be too costly to compute."""
         return limits, max_rank, ranks
+
+    def steer_ranks(self, draw, ranks: list[int], served: list[int], max_rank: int) -> list[int]:
+        """The slot ranks, steered so that a slot some row is served by (``served``, never empty but for
+        allneg1) has the rank the family is about: the stack's rank alone is never read by a row."""
+        return ranks
 
     def feature_size(self, draw, default_max: int) -> int:
         return draw(st.integers(8, default_max))
@@ -163,7 +174,14 @@ class Family:
         """Global expert → local expert or −1; ``()``: every expert is local."""
         return ()
 
-    def steer_routing(self, draw, topk_ids: list[list[int]], expert_map: tuple[int, ...], global_experts: int) -> list[list[int]]:
+    def token_choices(self, draw, choice, num_tokens: int) -> list[list[int]]:
+        """Each token's ``top_k`` experts, one draw of ``choice`` per token."""
+        return [draw(choice) for _ in range(num_tokens)]
+
+    def steer_routing(self, draw, topk_ids: list[list[int]], expert_map: tuple[int, ...], global_experts: int,
+                      served: list[int]) -> list[list[int]]:
+        """The routing, steered so the family's corner lies on a token an adapter serves (``served``, token
+        indices): the kernels skip the pairs of slot −1, so a corner there is never read."""
         return topk_ids
 
     def disabled_slots(self, draw, token_slots: tuple[int, ...], num_slots: int) -> tuple[int, ...]:
@@ -178,7 +196,7 @@ class Family:
     def routed_weight(self, draw) -> bool:
         return False
 
-    def zero_weight_pairs(self, draw, num_pairs: int) -> tuple[int, ...]:
+    def zero_weight_pairs(self, draw, num_pairs: int, served_pairs: list[int]) -> tuple[int, ...]:
         return ()
 
     def naive_blocks(self, draw) -> bool:
@@ -232,6 +250,7 @@ class Neg1OneSlot(Neg1):
 
 class AllNeg1(Family):
     name, doc, feature = "allneg1", "no row uses an adapter", "allneg1"
+    serves = False
 
     def _slots(self, draw, num_seqs: int, num_slots: int) -> list[int]:
         return [-1] * num_seqs
@@ -296,11 +315,6 @@ class RankPadded(Family):
     name, doc, feature = "rank_padded", "adapters of rank below the stack's max rank", "rank_padded"
     about_values = True
 
-    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
-        if all(s == -1 for s in slots):  # a padded rank only matters on a row that reads it
-            slots[draw(st.integers(0, len(slots) - 1))] = draw(st.integers(0, num_slots - 1))
-        return slots
-
     def max_rank(self, draw, limits: Limits) -> int:
         return max(super().max_rank(draw, limits), 2)  # rank 1 cannot be padded
 
@@ -315,15 +329,15 @@ class RankOdd(Family):
     def max_rank(self, draw, limits: Limits) -> int:
         return draw(st.sampled_from([r for r in ODD_RANKS if r <= max(limits.max_rank, 33)]))
 
-    def slot_ranks(self, draw, max_rank: int, num_slots: int) -> list[int]:
-        ranks = super().slot_ranks(draw, max_rank, num_slots)
-        ranks[draw(st.integers(0, num_slots - 1))] = max_rank if max_rank % 16 else 1
+    def steer_ranks(self, draw, ranks, served, max_rank):
+        if served and not any(ranks[slot] % 16 for slot in served):
+            ranks[draw(st.sampled_from(served))] = max_rank if max_rank % 16 else 1
         return ranks
 
 
 class RankMax(Family):
     # 256 was vLLM's largest max_lora_rank before 320 and 512 (rank_512); kept as it was, so its draws stay.
-    name, doc = "rank_max", "rank 256, the largest power-of-two rank below vLLM's 320 and 512"
+    name, doc, feature = "rank_max", "rank 256, the largest power-of-two rank below vLLM's 320 and 512", "rank_max"
     about_values = True
 
     def max_rank(self, draw, limits: Limits) -> int:
@@ -331,6 +345,9 @@ class RankMax(Family):
 
     def affordable(self, limits, max_rank, ranks):
         return _small_products(limits), max_rank, ranks
+
+    def steer_ranks(self, draw, ranks, served, max_rank):
+        return _serve_rank(draw, ranks, served, lambda rank: rank == max_rank, max_rank)
 
 
 class RealHidden(Family):
@@ -527,12 +544,6 @@ class SegGaps(SegmentFamily):
 class MoEFamily(Family):
     needs_knobs = frozenset({"routing"})
 
-    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
-        # a routing corner only shows on a pair that is served: at least one token with an adapter
-        if all(s == -1 for s in slots):
-            slots[draw(st.integers(0, len(slots) - 1))] = draw(st.integers(0, num_slots - 1))
-        return slots
-
 
 class MoEWideTopK(MoEFamily):
     name, doc, feature = "moe_wide_topk", "4–8 choices per token (Qwen3-MoE routes to 8)", "moe_wide_topk"
@@ -563,7 +574,14 @@ class MoEHotExpert(MoEFamily):
     def top_k(self, draw, experts: int) -> int:
         return draw(st.integers(1, 2))  # the hot expert then holds at least half of the pairs
 
-    def steer_routing(self, draw, topk_ids, expert_map, global_experts):
+    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
+        # two served sequences: a hot expert among the served pairs needs two of them
+        for position in draw(st.permutations(range(len(slots))))[:2]:
+            if slots[position] == -1:
+                slots[position] = draw(st.integers(0, num_slots - 1))
+        return slots
+
+    def steer_routing(self, draw, topk_ids, expert_map, global_experts, served):
         hot, cold = draw(st.permutations(range(global_experts)))[:2]
         others = [e for e in range(global_experts) if e not in (hot, cold)]
         for ids in topk_ids:
@@ -577,8 +595,8 @@ class MoEDuplicateRouting(MoEFamily):
     def top_k(self, draw, experts: int) -> int:
         return draw(st.integers(2, min(experts, 4)))
 
-    def steer_routing(self, draw, topk_ids, expert_map, global_experts):
-        ids = topk_ids[draw(st.integers(0, len(topk_ids) - 1))]
+    def steer_routing(self, draw, topk_ids, expert_map, global_experts, served):
+        ids = topk_ids[draw(st.sampled_from(served))]
         ids[1] = ids[0]
         return topk_ids
 
@@ -593,8 +611,13 @@ class MoEZeroWeight(MoEFamily):
     def routed_weight(self, draw) -> bool:
         return True
 
-    def zero_weight_pairs(self, draw, num_pairs: int) -> tuple[int, ...]:
-        return tuple(sorted(draw(st.sets(st.integers(0, num_pairs - 1), min_size=1, max_size=num_pairs))))
+    def zero_weight_pairs(self, draw, num_pairs: int, served_pairs: list[int]) -> tuple[int, ...]:
+        zero = draw(st.sets(st.integers(0, num_pairs - 1), min_size=1, max_size=num_pairs))
+        if not zero & set(served_pairs):  # a zero weight on a pair of slot −1 is never read
+            zero.add(draw(st.sampled_from(served_pairs)))
+        if len(served_pairs) > 1 and set(served_pairs) <= zero:  # and one served pair keeps a weight
+            zero.discard(draw(st.sampled_from(served_pairs)))
+        return tuple(sorted(zero))
 
 
 class MoENonLocal(MoEFamily):
@@ -607,11 +630,16 @@ class MoENonLocal(MoEFamily):
             mapping[global_expert] = local
         return tuple(mapping)
 
-    def steer_routing(self, draw, topk_ids, expert_map, global_experts):
+    def top_k(self, draw, experts: int) -> int:
+        return draw(st.integers(2, min(experts, 4)))  # a remote choice beside a local one on the same served token
+
+    def steer_routing(self, draw, topk_ids, expert_map, global_experts, served):
         remote = [g for g, local in enumerate(expert_map) if local == -1]
-        ids = topk_ids[draw(st.integers(0, len(topk_ids) - 1))]
+        ids = topk_ids[draw(st.sampled_from(served))]
         if not set(ids) & set(remote):
             ids[0] = draw(st.sampled_from(remote))
+        if all(expert_map[e] == -1 for e in ids):  # what is served must still be computed for this token
+            ids[1] = draw(st.sampled_from([g for g, local in enumerate(expert_map) if local != -1]))
         return topk_ids
 
 
@@ -716,6 +744,10 @@ class Rank512(Family):
     def affordable(self, limits, max_rank, ranks):
         return _small_products(limits), max_rank, ranks
 
+    def steer_ranks(self, draw, ranks, served, max_rank):
+        # a kernel that drops every rank above 256 passes unless a served slot has one
+        return _serve_rank(draw, ranks, served, lambda rank: rank > 256, max_rank)
+
     def num_experts(self, draw, limits: Limits) -> int:
         return draw(st.integers(2, max(2, min(limits.max_experts, 4))))
 
@@ -724,11 +756,11 @@ class LongBatch(Family):
     """More than 2,048 tokens in one call, up to vLLM's default ``max_num_batched_tokens`` (8,192): a kernel
     whose grid, tile loop or buffer is sized for 2,048 rows passes every shorter batch. The other sizes stay
     small (≤ 4 slots, rank ≤ 16, 8–32 features, slices of 1–32 columns), so a case costs little more than its rows, and
-    the last sequence, which holds the rows beyond 2,048, always has an adapter. The MoE ops route at most
-    ``MOE_MAX_LONG_TOKENS`` tokens with one choice each (``Limits.for_moe``). The ops whose rows are the
+    the last sequence, which holds the rows beyond 2,048, always has an adapter. The MoE ops route every token to
+    two experts (more than 4,096 pairs), a short drawn pattern of choices repeated. The ops whose rows are the
     sampled rows (logits, classification heads) get ``long_sampled`` instead."""
 
-    name, doc, feature = "long_batch", "more than 2,048 tokens (up to 8,192; 3,584 routed ones for the MoE ops)", "long_batch"
+    name, doc, feature = "long_batch", "more than 2,048 tokens (up to 8,192; two choices each for the MoE ops)", "long_batch"
 
     def applies_to(self, spec: OpSpec, dtype: str) -> bool:
         return super().applies_to(spec, dtype) and spec.rows != "sampled"
@@ -753,7 +785,13 @@ class LongBatch(Family):
         return draw(st.integers(2, max(2, min(limits.max_experts, 4))))
 
     def top_k(self, draw, experts: int) -> int:
-        return 1  # every token's choice is drawn by Hypothesis: one each keeps a long batch inside its buffer
+        return 2  # more than 4,096 pairs from 2,049 tokens: a kernel bucketing pairs by 4,096 leaves some unserved
+
+    def token_choices(self, draw, choice, num_tokens: int) -> list[list[int]]:
+        # A short drawn pattern, repeated: one Hypothesis draw per token would overrun its choice buffer (about
+        # 4,000 choices) long before 8,192 tokens.
+        pattern = draw(st.lists(choice, min_size=1, max_size=16))
+        return [list(pattern[token % len(pattern)]) for token in range(num_tokens)]
 
 
 class LongSampled(LongBatch):
@@ -922,6 +960,13 @@ def _partial_size(draw, high: int) -> int:
     """A size in 17 … ``high`` (two groups of 16 at least) that is no multiple of 16, so that every block-scale group
     size (``FP8_GROUP_SIZES``, 16–128) leaves a partial last group: where a kernel's scale lookup clamps or drops."""
     return draw(st.integers(17, max(17, high)).map(lambda size: size if size % 16 else size - 1))
+
+
+def _serve_rank(draw, ranks: list[int], served: list[int], wanted, rank: int) -> list[int]:
+    """``ranks`` with ``rank`` given to a drawn served slot unless a served slot's rank already is ``wanted``."""
+    if served and not any(wanted(ranks[slot]) for slot in served):
+        ranks[draw(st.sampled_from(served))] = rank
+    return ranks
 
 
 def _small_products(limits: Limits) -> Limits:

@@ -22,25 +22,15 @@ class Limits:
 
     def for_moe(self, sized: bool) -> Limits:
         """An MoE case's stacks hold L·E matrices per slice: fewer slots and smaller ranks keep it
-        affordable (and fewer still with a real or odd hidden size, up to 14336 features)."""
+        affordable (and fewer still with a real or odd hidden size, up to 14336 features). A long MoE batch
+        routes as many tokens as a dense one, two choices each (``LongBatch.token_choices``)."""
         if sized:
-            return replace(self, max_slots=min(self.max_slots, 2), max_rank=min(self.max_rank, 16), max_experts=min(self.max_experts, 4),
-                           long_batch=self._moe_long_batch())
-        return replace(self, max_slots=min(self.max_slots, 4), max_rank=min(self.max_rank, 32), long_batch=self._moe_long_batch())
-
-    def _moe_long_batch(self) -> tuple[int, int]:
-        """An MoE case holds every token's routing, and the strategy draws each choice through Hypothesis, whose
-        choice buffer (8 KiB, 2 bytes a choice) overruns above about 4,000 choices: long MoE batches route
-        at most ``MOE_MAX_LONG_TOKENS`` tokens, one choice each (``LongBatch.top_k``)."""
-        low, high = self.long_batch
-        return low, min(high, MOE_MAX_LONG_TOKENS)
+            return replace(self, max_slots=min(self.max_slots, 2), max_rank=min(self.max_rank, 16), max_experts=min(self.max_experts, 4))
+        return replace(self, max_slots=min(self.max_slots, 4), max_rank=min(self.max_rank, 32))
 
 
-# the most tokens of a long MoE batch (top_k 1): 2 bytes a routing choice stay well inside Hypothesis' 8 KiB buffer
-MOE_MAX_LONG_TOKENS = 3584
-
-
-# Smoke's long batches stay just above 2,048 tokens: the cheapest batch that crosses the limit.
-SMOKE_LIMITS = Limits(8, 5, 12, 192, 160, 64, (1024, 1280), 4, max_experts=8, long_batch=(2049, 2304))
+# Smoke's long batches stay just above 4,096 rows, the cheapest batch past both the 2,048-row limit the family is
+# named for and a 4,096-row bucket (a kernel that serves only the first 4,096 rows passes every shorter batch).
+SMOKE_LIMITS = Limits(8, 5, 12, 192, 160, 64, (1024, 1280), 4, max_experts=8, long_batch=(4097, 4352))
 STANDARD_LIMITS = Limits(8, 6, 24, 384, 320, 128, (1024, 2048), 8, max_experts=16, long_batch=(2049, 8192))
 RELEASE_LIMITS = Limits(16, 8, 64, 1024, 1024, 256, (2048, 8192), 16, max_experts=64, long_batch=(2049, 8192))

@@ -12,12 +12,11 @@ from hypothesis import strategies as st
 
 from conformance.cases.case import Case
 from conformance.cases.knobs import KNOBS
+from conformance.cases.scales import SCALES
 from conformance.ops import OpSpec
 
 from .families import FAMILIES, Family
 from .limits import Limits
-
-SCALES = (0.5, 2.0, 0.125, 3.75)
 
 
 def _left(knob: str, field: str | None = None):
@@ -58,8 +57,9 @@ def _routing(draw, spec: OpSpec, family: Family, limits: Limits, token_slots: tu
     global_experts = len(expert_map) or experts
     top_k = min(top_k, global_experts)
     choice = st.lists(st.integers(0, global_experts - 1), min_size=top_k, max_size=top_k, unique=True)
-    topk_ids = [draw(choice) for _ in token_slots]
-    topk_ids = family.steer_routing(draw, topk_ids, expert_map, global_experts)
+    topk_ids = family.token_choices(draw, choice, len(token_slots))
+    served = [token for token, slot in enumerate(token_slots) if slot != -1]  # the tokens an adapter serves
+    topk_ids = family.steer_routing(draw, topk_ids, expert_map, global_experts, served)
     if spec.routed_weight is not None:
         routed = spec.routed_weight
     else:
@@ -72,7 +72,8 @@ def _routing(draw, spec: OpSpec, family: Family, limits: Limits, token_slots: tu
         "disabled_slots": family.disabled_slots(draw, token_slots, num_slots),
         "shared_experts": family.shared_experts(draw),
         "routed_weight": routed,
-        "zero_weight_pairs": family.zero_weight_pairs(draw, len(token_slots) * top_k) if routed else (),
+        "zero_weight_pairs": family.zero_weight_pairs(draw, len(token_slots) * top_k, [t * top_k + k for t in served for k in range(top_k)])
+        if routed else (),
         "block_size": family.block_size(draw) if "blocks" in spec.knobs else _left("blocks"),
         "naive_blocks": family.naive_blocks(draw) if "naive" in spec.knobs else _left("naive"),
     }
@@ -94,6 +95,8 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
     max_rank = family.max_rank(draw, limits)
     adapter_ranks = tuple(family.slot_ranks(draw, max_rank, num_slots))
     limits, max_rank, adapter_ranks = family.affordable(limits, max_rank, adapter_ranks)
+    served_slots = sorted({slot for slot in seq_slots if slot != -1})
+    adapter_ranks = tuple(family.steer_ranks(draw, list(adapter_ranks), served_slots, max_rank))
     hidden_is_sized = family.sized and "hidden" in spec.knobs
     if "hidden" not in spec.knobs:
         hidden = _left("hidden")

@@ -4,7 +4,8 @@ The matrix says how cases ended per op × dtype; it does not say what they were.
 ``add_lora_linear`` cases means something only if some mixed rows without adapter with adapter rows,
 used the last slot, had unequal slices, odd hidden sizes, adapters of rank below the stack's maximum.
 The features are those of ``conformance.cases.features`` (``FEATURE_DOCS``; end-to-end cases name
-theirs with the same words), read off each case's structure when it was judged.
+theirs with the same words), read off each case when it was judged: what its op served (a slot, rank or
+routing corner counts only on a row an adapter serves), not what was drawn.
 
 Counted are the cases the target ran (every outcome but *not supported*, which exercised nothing),
 each with how many of them passed: ``{"cases": n, "passed": m}`` per op, and per dtype, family and
@@ -18,7 +19,10 @@ from conformance.ops.level import LEVEL_ORDER
 from conformance.verdict import Outcome
 
 HEADLINE = ("neg1", "allneg1", "last_slot", "unequal_slices", "odd_hidden", "rank_padded")
-COUNTED = "cases the target ran (every outcome but not supported), and of them those that passed"
+COUNTED = (
+    "cases the target ran (every outcome but not supported), and of them those that passed; "
+    "a feature counts a case only where a row an adapter serves exercised it"
+)
 
 
 def _tally(counts: dict, name: str, passed: bool) -> None:

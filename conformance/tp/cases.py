@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import random
 
+from conformance.cases.scales import SCALES as ADAPTER_SCALES
+
 from .case import FULLY_SHARDED_LAYERS, TP_SIZES, TPCase
 from .moe_case import MoETPCase
 
@@ -29,7 +31,8 @@ LAYER_KINDS = tuple((layer, 1) for layer in FULLY_SHARDED_LAYERS) + (("qkv", 2),
 """Each layer kind with its kv-head replication: every kind unreplicated, and QKV with two ranks per kv head."""
 HIDDEN_SIZES = (16, 32, 64, 128)
 RANKS = (4, 8, 16)
-SCALES = (1.0, 0.5, 2.0)
+SCALES = (1.0, *ADAPTER_SCALES)
+"""1 and the scales of real adapter configs, most of them inexact in 16 bits (``conformance.cases.scales``)."""
 
 
 def _widths(layer: str, rng: random.Random) -> tuple[int, ...]:
@@ -53,6 +56,8 @@ def _batch(family: str, rng: random.Random) -> tuple[tuple[int, ...], tuple[int,
     if family == "neg1_last_slot":
         no_adapter, last = rng.sample(range(count), 2)
         slots[no_adapter], slots[last] = -1, num_slots - 1
+    elif all(slot == -1 for slot in slots):  # a batch no adapter serves checks no sharded LoRA at all
+        slots[rng.randrange(count)] = rng.randrange(num_slots)
     lens = [rng.randint(1, 6) if is_prefill else 1 for _ in slots]
     return tuple(lens), tuple(slots), num_slots, is_prefill
 

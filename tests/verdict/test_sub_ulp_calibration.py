@@ -18,7 +18,7 @@ terms, the baseline rounding like vLLM's Triton kernels):
 
 Each seed draws a shape (1–2,048 rows, 1–256 columns, at most 2¹⁷ elements; rank 1–64; 64–512
 features), values as the generator draws them (``normal`` or ``positive``), accumulating or
-overwriting, and a scale: the generator's (0.5, 2, 0.125, 3.75, exact in both dtypes) or one an
+overwriting, and a scale: one exact in both dtypes (0.5, 2, 0.125, 3.75) or one an
 ``alpha / r`` or rsLoRA's ``alpha / √r`` gives that the dtypes do not hold (4/3, 0.3, 0.1, 16/√r).
 Over 1,000 seeds per dtype no correct variant is flagged or comes past ``HEADROOM`` of its
 threshold, the 4/3 gain is caught wherever the model has the resolution for it, and a kernel that
@@ -46,7 +46,7 @@ SEEDS = range(1, 1001)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 GAIN_OF_4_3 = {torch.bfloat16: 2**-9, torch.float16: -(2**-12)}
 """What ``alpha / r = 4/3`` rounded to the dtype does to the delta (``round(4/3) / (4/3) − 1``)."""
-EXACT_SCALES = (0.5, 2.0, 0.125, 3.75)  # conformance/generator/strategies.py SCALES
+EXACT_SCALES = (0.5, 2.0, 0.125, 3.75)  # scales both 16-bit dtypes hold (conformance.cases.scales draws 0.5 and 2)
 HEADROOM = 0.75
 """Largest systematic ratio (|α| / threshold) a correct variant may reach, as in test_systematic_calibration.py."""
 RESOLVED = 1.5
