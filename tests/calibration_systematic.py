@@ -102,9 +102,12 @@ class Tally:
     results: int = 0
 
 
-def measure(cases_of_seed, seeds: list[int]) -> tuple[dict[tuple[str, str], Tally], list[str], int]:
-    """``({(target, dtype): Tally}, flagged results, cases)``; the baseline is tallied as ``reference``."""
-    targets = correct_targets()
+def measure(cases_of_seed, seeds: list[int], targets=None, observe=None) -> tuple[dict[tuple[str, str], Tally], list[str], int]:
+    """``({(target, dtype): Tally}, flagged results, cases)``; the baseline is tallied as ``reference``.
+    ``targets``: ``(target, the ops it runs)`` pairs, ``correct_targets()`` by default; ``observe``, if
+    given, is called with ``(target name, "seedN:case-id", verdict, judged)`` for every result, ``judged``
+    the arguments ``judge`` got (``calibration_precision`` reads the spread's parts from them)."""
+    targets = correct_targets() if targets is None else targets
     tallies: dict[tuple[str, str], Tally] = {}
     flagged: list[str] = []
     cases_run = 0
@@ -125,10 +128,15 @@ def measure(cases_of_seed, seeds: list[int]) -> tuple[dict[tuple[str, str], Tall
             results = [("reference", baseline)]
             for target, ops in targets:
                 if (ops is None or case.op in ops) and target.unsupported_reason(case) is None:
-                    results.append((target.name, execute(spec, case, values, target, target.device)[spec.output]))
+                    try:
+                        results.append((target.name, execute(spec, case, values, target, target.device)[spec.output]))
+                    except Exception as exc:  # noqa: BLE001 - a real target's known raise (conformance/expectations/cpu.toml): listed
+                        flagged.append(f"{target.name} seed{seed}:{case_id}: [{FailureKind.RAISED.value}] {type(exc).__name__}: {exc}")
             for name, actual in results:
                 verdict = judge(actual, oracle, baseline, initial, written, delta, magnitude)
                 where = f"seed{seed}:{case_id}"
+                if observe is not None:
+                    observe(name, where, verdict, (actual, oracle, baseline, initial, written, delta, magnitude))
                 if not verdict.passed:
                     kinds = ", ".join(problem.kind.value for problem in verdict.problems)
                     flagged.append(f"{name} {where}: [{kinds}] " + "; ".join(problem.text for problem in verdict.problems))

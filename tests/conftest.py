@@ -30,7 +30,7 @@ INTEGRATION_MODULES = {
     "tp/test_tp_plugin.py", "tp/test_tp_pool.py", "e2e/test_e2e_cli.py", "tp/test_tp_hostile_messages.py",
     "targets/test_vllm_cpu_ops_swap.py", "targets/test_target_cuda.py", "ops/test_new_op_checklist.py",
 }
-CALIBRATION_MODULES = {"verdict/test_systematic_calibration.py", "verdict/test_verdict_calibration.py"}
+CALIBRATION_MODULES = {"verdict/test_systematic_calibration.py", "verdict/test_verdict_calibration.py", "verdict/test_precision_calibration.py"}
 TIERS = ("integration", "calibration")
 
 

@@ -714,6 +714,20 @@ class ScaleIgnored(PlainTorchTarget):
         return product
 
 
+class ScaleRoundedToInputDtype(PlainTorchTarget):
+    """The shrink takes ``scale`` as a tensor of the activations' dtype (``torch.tensor(scale, dtype=x.dtype)``,
+    or a kernel argument typed like the activations), so an ``alpha / r`` of 4/3 or an rsLoRA ``alpha / √r``
+    arrives rounded: every delta carries the same gain, up to 2⁻⁹ in bfloat16 and 2⁻¹² in float16, each
+    element inside the budget. Only the systematic rule sees it, on a case whose scale the dtype does not
+    hold (``conformance.cases.scales``) and with enough rows; the standard profile must catch it in both
+    16-bit dtypes (``test_fault_catalog``)."""
+
+    name = "fault-scale-rounded-to-input-dtype"
+
+    def shrink_rows(self, x, lora_a, out, slots, scale):
+        super().shrink_rows(x, lora_a, out, slots, float(torch.tensor(scale, dtype=torch.float64).to(x.dtype)))
+
+
 class AddInputsIgnored(PlainTorchTarget):
     """The expand always accumulates, ``add_inputs=False`` is ignored.
 
@@ -1266,10 +1280,10 @@ class LinearScaleRoundedToDtype(LinearDeltaGain):
     dtype before use (a kernel that takes ``scale`` as a ``bf16``/``fp16`` argument, or multiplies it
     into a tensor of that dtype first). ``alpha / r = 4/3`` (alpha 16 and rank 12, 32 and 24; also 1/3,
     2/3, 8/3) rounds to exactly ``(1 + 2⁻⁹) · 4/3`` in bfloat16 and ``(1 − 2⁻¹²) · 4/3`` in float16:
-    half a unit roundoff of the dtype, in every element. The generator draws scales those dtypes hold
-    exactly (0.5, 2, 0.125, 3.75), where rounding them changes nothing, so the fault applies the gain
-    of 4/3 rounded whatever the case's scale (``DeltaGain``: the expand's float32 accumulator, not
-    the LoRA bias). Each element is off by half an ulp of its delta at most, inside the budget; the
+    half a unit roundoff of the dtype, in every element. The fault applies the gain of 4/3 rounded
+    whatever the case's scale (``DeltaGain``: the expand's float32 accumulator, not the LoRA bias), so
+    it shows on every case of its op, also those whose drawn scale the dtype holds;
+    ``ScaleRoundedToInputDtype`` rounds the case's own scale. Each element is off by half an ulp of its delta at most, inside the budget; the
     systematic-error rule sees it where the case has enough rows to average the per-row rounding of
     the intermediate out (docs/verdict.md, rule 4)."""
 
@@ -1667,6 +1681,63 @@ TOKEN_HEAD_FAULTS: tuple[type[PlainTorchTarget], ...] = (
 """The token head's faults: each changes only token_classification_head, so only its cases can catch it."""
 
 
+# -- precision: a 16-bit output computed through a coarser format -------------------------------------
+
+
+class DeltaThroughBf16(PlainTorchTarget):
+    """Base of the precision faults: while ``rounded_op`` runs with a float16 output, the expand's delta
+    passes through bfloat16 before it is added (8 significant bits instead of float16's 11). The bug
+    class: a port that hard-codes bfloat16 where the layer's dtype belongs (the expand's output buffer,
+    the GEMM's output type of an engine or library call that returns bfloat16, a ``torch.empty(...,
+    dtype=torch.bfloat16)`` left from the model it was written for). Each element is off by one
+    bfloat16 rounding of its delta, a few float16 ulps, inside the budget (4 × the baseline's largest
+    error) and without a bias along the delta: only the precision rule sees it (docs/verdict.md, rule 5)."""
+
+    name = "fault-delta-through-bf16"
+    rounded_op = ""
+    _rounding = False
+
+    def through_bf16(self, *args, **kwargs):
+        self._rounding = True
+        try:
+            getattr(super(), self.rounded_op)(*args, **kwargs)
+        finally:
+            self._rounding = False
+
+    def write_expand(self, out, delta, rows, offset: int, add_inputs: bool) -> None:
+        if self._rounding and out.dtype == torch.float16:
+            delta = delta.to(torch.bfloat16)
+        super().write_expand(out, delta, rows, offset, add_inputs)
+
+
+class Fp8ExpandDeltaThroughBf16(DeltaThroughBf16):
+    """lora_expand_fp8 with a float16 output: the delta of the fp8 GEMM rounded to bfloat16 before it is
+    added (an fp8 GEMM whose output type is bfloat16 whatever the layer's dtype). See DeltaThroughBf16."""
+
+    name = "fault-delta-through-bf16-lora_expand_fp8-fp16"
+    rounded_op = "lora_expand_fp8"
+
+    def lora_expand_fp8(self, *args, **kwargs):
+        self.through_bf16(*args, **kwargs)
+
+
+class LinearDeltaThroughBf16(DeltaThroughBf16):
+    """add_lora_linear with a float16 output: the expand's delta rounded to bfloat16 before it is added (the
+    expand's output buffer allocated in bfloat16, the dtype of the model it was ported from). See
+    DeltaThroughBf16."""
+
+    name = "fault-delta-through-bf16-add_lora_linear-fp16"
+    rounded_op = "add_lora_linear"
+
+    def add_lora_linear(self, *args, **kwargs):
+        self.through_bf16(*args, **kwargs)
+
+
+PRECISION_FAULTS: tuple[type[DeltaThroughBf16], ...] = (Fp8ExpandDeltaThroughBf16, LinearDeltaThroughBf16)
+"""Float16 outputs carrying bfloat16's precision: inside the budget and unbiased, caught by the precision
+rule alone. In ``FAULTS``: the smoke profile catches them."""
+
+
 FAULTS: tuple[type[PlainTorchTarget], ...] = (
     NegativeIndexIsLastSlot,
     SlotIdUsedAsSlot,
@@ -1712,6 +1783,7 @@ FAULTS: tuple[type[PlainTorchTarget], ...] = (
     *FP8_FAULTS,
     *MOE_FP8_FAULTS,
     *TOKEN_HEAD_FAULTS,
+    *PRECISION_FAULTS,
 )
 """Faults the smoke profile must catch (at least one case ends FAIL)."""
 

@@ -107,6 +107,7 @@ WHOLE_CALL = {  # kind → (where, title)
     FailureKind.WRONG_OUTPUT_TYPE.value: ("the output tensor", "the output changes shape or dtype"),
     FailureKind.MODIFIED_INPUT.value: ("an input tensor", "an input tensor is modified"),
     FailureKind.SYSTEMATIC.value: ("the LoRA delta", "the LoRA delta carries a systematic error"),
+    FailureKind.PRECISION.value: ("the output", "the output has the precision of a coarser dtype"),
     FailureKind.RAISED.value: ("the call", "the target raises"),
     FailureKind.CRASHED.value: ("the call", "the process running the case crashes"),
     FailureKind.TIMED_OUT.value: ("the call", "the case hangs past its timeout"),

@@ -23,6 +23,7 @@ class FailureKind(str, enum.Enum):
     NAN_INF = "nan/inf"  # NaN or Inf where the oracle is finite
     NUMERICS = "numerics"  # finite, inside its region, but outside the error budget
     SYSTEMATIC = "systematic error"  # inside the budget, but the error is a significant multiple of the delta
+    PRECISION = "coarse precision"  # inside the budget, but the error spreads like rounding in a coarser dtype
     INVARIANT = "broke an invariant"  # an op judged by its invariants (moe_lora_align_block_size) broke one
     MODIFIED_INPUT = "modified an input"  # an input tensor (read-only in every op's contract) changed
     NONDETERMINISTIC = "nondeterministic"  # repeated calls on the same inputs differ (a fail with --require-deterministic)
@@ -56,6 +57,9 @@ KIND_DOCS = {
     FailureKind.NUMERICS: "the largest error exceeds the dtype's error budget",
     FailureKind.SYSTEMATIC: "the error is proportional to the LoRA delta: the delta is off by a relative bias larger "
     "than rounding explains (a scale or gain a percent off), though every element may be inside the budget",
+    FailureKind.PRECISION: "the error's root mean square is several times what rounding correctly in the output "
+    "dtype gives, though every element may be inside the budget: the output has the precision of a coarser dtype "
+    "(a float16 delta computed or rounded in bfloat16)",
     FailureKind.INVARIANT: "an op with many correct outputs (moe_lora_align_block_size) broke one of its invariants: "
     "a pair missing, listed twice, in another expert's block, another slot's pair, padding that is not out of range",
     FailureKind.MODIFIED_INPUT: "an input tensor changed value; every op only reads its inputs (a zero whose sign "

@@ -15,6 +15,10 @@ Inputs (all the op's output tensor, same shape):
                the terms each element sums (``≥ |oracle|``). Given, the budget's floor also allows
                float32 accumulation error in ulps of its largest value (``tolerances``): a dot
                product that cancels errs by ulps of its terms in any correct summation order.
+
+Inside the budget two more rules look at the error as a whole: its part along the delta
+(``systematic``: a gain) and its spread (``precision``: a 16-bit output computed through a coarser
+format). Either fails the result with its own kind; a result outside the budget keeps ``numerics``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 from .bit_differences import OUTPUT, BitDifferences
 from .failure_kind import FailureKind
 from .metrics import bitwise_differences, compare_values, max_abs_error, max_ulp_error, sqnr_db, where
+from .precision import precision as error_precision
 from .systematic import DeltaBias, correctly_rounded, delta_bias, row_groups
 from .tolerances import systematic_threshold_for, tolerance_for
 
@@ -49,6 +54,11 @@ class Measurement:
     delta_bias_threshold: float | None = None  # max(min_bias, z · SE(α)): |α| above it is flagged
     systematic_ratio: float | None = None  # |α| / threshold: ≤ 1 passes
     baseline_delta_bias: float | None = None  # the baseline's α on the same case
+    # the error's spread (conformance.verdict.precision); None in a float32 output
+    error_rms: float | None = None  # RMS of the error beyond each row's multiple of its delta
+    expected_rms: float | None = None  # the RMS correct rounding in the dtype gives
+    precision_ratio: float | None = None  # error_rms / expected_rms
+    precision_threshold: float | None = None  # flagged above it; None where too few elements to judge
     # equal values with other bits where nothing may change (the untouched output, the inputs): recorded, not failed
     bit_differences: tuple[BitDifferences, ...] = ()
 
@@ -127,7 +137,9 @@ def judge(
     floor = tol.floor_ulps * torch.finfo(actual.dtype).eps * operands + accumulation
     budget = tol.k * baseline_error + floor
     cap = tol.rtol * operands + accumulation
-    systematic = _systematic(a, o, b, d, m, row_groups(written)[finite], actual.dtype) if d is not None else None
+    rows = row_groups(written)[finite]
+    systematic = _systematic(a, o, b, d, m, rows, actual.dtype) if d is not None else None
+    spread = error_precision(a, o, b, d, m, rows, actual.dtype)
     measurement = Measurement(
         max_abs_error=error,
         scaled_error=error / scale,
@@ -141,6 +153,7 @@ def judge(
         operand_scale=operands,
         magnitude_scale=terms,
         **(systematic.fields() if systematic else {}),
+        **(spread.fields() if spread else {}),
         bit_differences=(bit_differences,) if bit_differences else (),
     )
     if error > budget or error > cap:
@@ -160,10 +173,13 @@ def judge(
         else:
             kind = FailureKind.NUMERICS
         problems.append(Problem(kind, text, **where(elementwise > min(budget, cap))))
-    elif systematic and systematic.flagged:
+    else:
         # Only inside the budget: a result outside it already fails for its written region, and keeps
         # the kinds it had (an expectations entry that lists ``numerics`` still covers it).
-        problems.append(Problem(FailureKind.SYSTEMATIC, systematic.text()))
+        if systematic and systematic.flagged:
+            problems.append(Problem(FailureKind.SYSTEMATIC, systematic.text()))
+        if spread and spread.flagged:  # the spread beyond the delta's multiple: independent of a gain
+            problems.append(Problem(FailureKind.PRECISION, spread.text()))
     return Verdict(tuple(problems), measurement)
 
 

@@ -92,6 +92,22 @@ correctly gives, ``conformance.verdict.judge``.)
   of the model before it carried float32 accumulation (one ulp of the terms; with it, at most 7.9);
   1e-3 is 8.7 times that and a tenth of the 1 % to catch (which the float32 budget catches by itself
   anyway).
+
+Precision (``PRECISION_THRESHOLDS``, the rule in ``conformance.verdict.precision``): beside the budget and
+the systematic rule, a 16-bit result is flagged when the root mean square of its error beyond each row's
+multiple of the delta is more than ``ratio`` times what correct rounding in the dtype gives, on a case of
+at least ``min_elements`` written elements:
+
+* ``ratio``: float16 2.5, bfloat16 3. Over the calibration (docs/verdict.md, *Precision calibration*)
+  no correct result of any target went past 1.34 in float16 and 1.71 in bfloat16 (Gaudi's order of the
+  intermediate, rounded in the activation dtype, scaled and rounded again, on one-token logits: two
+  roundings of a rank-64 intermediate where vLLM rounds it once); 2.5 and 3 are 1.9 and 1.75 times those.
+  A float16 delta rounded through bfloat16 measures 3.7 to 5.7 on the smoke cases that see it (a base
+  output much larger than the delta hides it: 1.7).
+* ``min_elements`` = 16: below it a mean square is a handful of roundings and one row's multiple of the
+  delta takes a good part of it; such cases are measured, not judged. The correct results stayed at 1.13
+  of the expected RMS at most there.
+* float32 outputs are not judged (``conformance.verdict.precision`` says why).
 """
 
 from __future__ import annotations
@@ -129,6 +145,19 @@ SYSTEMATIC_THRESHOLDS: dict[torch.dtype, SystematicThreshold] = {
 }
 
 
+@dataclass(frozen=True)
+class PrecisionThreshold:
+    ratio: float  # RMS of the error / the RMS correct rounding gives: above it is flagged
+    min_elements: int  # cases with fewer written elements are measured, not judged
+
+
+PRECISION_THRESHOLDS: dict[torch.dtype, PrecisionThreshold] = {
+    torch.float16: PrecisionThreshold(ratio=2.5, min_elements=16),
+    torch.bfloat16: PrecisionThreshold(ratio=3.0, min_elements=16),
+    # float32 (the shrink buffer): none; see conformance.verdict.precision
+}
+
+
 def tolerance_for(dtype: torch.dtype) -> Tolerance:
     try:
         return TOLERANCES[dtype]
@@ -143,3 +172,9 @@ def systematic_threshold_for(dtype: torch.dtype) -> SystematicThreshold:
         raise ValueError(
             f"no systematic-error threshold for output dtype {dtype}; known: {sorted(map(str, SYSTEMATIC_THRESHOLDS))}"
         ) from None
+
+
+def precision_threshold_for(dtype: torch.dtype) -> PrecisionThreshold | None:
+    """The precision rule's threshold, or None for an output dtype the rule does not judge (float32)."""
+    tolerance_for(dtype)  # an unknown dtype is an error here as there
+    return PRECISION_THRESHOLDS.get(dtype)

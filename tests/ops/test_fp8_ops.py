@@ -106,12 +106,15 @@ def test_each_fp8_fault_fails_an_fp8_smoke_case(fault, fp8_smoke_cases):
 def test_a_weight_scale_rounded_to_bf16_is_a_systematic_error_in_16_bit_outputs(fp8_smoke_cases):
     """``bf16(s) / s`` is a gain of up to 2⁻⁹ on every delta a scale serves: in a float32 output (the shrink
     buffer, a float32 expand) thousands of ulps, in a 16-bit one inside the elementwise budget, where the
-    systematic-error rule is what sees it. Power-of-two scales are exact in bfloat16: nothing to see."""
+    systematic-error rule is what sees it where one scale serves the rows (per tensor); where each channel or
+    block has its own scale the gains differ from column to column, and the precision rule sees their spread
+    beyond the delta's one multiple. Power-of-two scales are exact in bfloat16: nothing to see."""
     results = [(case, run_case(Fp8ScaleRoundedToBf16(), case, case_id)) for case_id, case in fp8_smoke_cases]
     sixteen_bit = [r for case, r in results if r.outcome is Outcome.FAIL and case.op == "lora_expand_fp8" and case.dtype != "float32"]
     assert sixteen_bit, "no 16-bit expand case catches the fault"
     for result in sixteen_bit:
-        assert result.kinds == (FailureKind.SYSTEMATIC,) and result.measurement.budget_ratio < 1, result.message
+        assert set(result.kinds) <= {FailureKind.SYSTEMATIC, FailureKind.PRECISION}, result.message
+        assert result.measurement.budget_ratio < 1, result.message
     for case, result in results:
         values = OP_SPECS[case.op].make_values(case, generator_for(case))
         if all(is_power_of_two(v) for name, v in values.items() if name.startswith("b_scale")):

@@ -104,6 +104,21 @@ def test_two_bug_classes_are_two_clusters_numbered_largest_first():
     assert cluster_failures([moe, *reversed(NO_ADAPTER_BUG), *scale_bug])[0] == clusters
 
 
+def test_a_delta_computed_in_a_coarser_dtype_is_one_whole_output_cluster_across_ops():
+    """The precision rule and the systematic one judge the output as a whole (no rows to name): each is a
+    cluster of its own, titled by its kind, whatever slots the cases use."""
+    coarse = [
+        failure(f"{op}-p", op, dtype="float16", kinds=("coarse precision",), slots=(), case=case(slots=slots))
+        for op, slots in (("lora_expand_fp8", (0, 1)), ("add_lora_linear", (-1, 0)), ("bgmv_expand", (0,)))
+    ]
+    gained = failure("add_lora_linear-g", "add_lora_linear", kinds=("systematic error",), slots=())
+    clusters, _ = cluster_failures([*coarse, gained])
+    assert [(c["title"], c["where"], c["count"]) for c in clusters] == [
+        ("the output has the precision of a coarser dtype", "the output", 3),
+        ("the LoRA delta carries a systematic error", "the LoRA delta", 1),
+    ]
+
+
 def test_where_a_failure_hits_is_read_from_its_slots_and_kind_never_its_message():
     cases = {  # failing slots, the case's slots, slot count, kind → where
         ((-1,), (-1, 0), 2, OUTSIDE): NO_ADAPTER,

@@ -24,18 +24,21 @@ import torch
 from fault_targets import (
     DELTA_GAIN_FAULTS,
     FAULTS,
+    PRECISION_FAULTS,
     SUB_ULP_GAIN_FAULTS,
     UNCAUGHT_BY_DESIGN,
     PlainTorchClassicTarget,
     PlainTorchTarget,
+    ScaleRoundedToInputDtype,
 )
 
 from conformance.cases import Case
+from conformance.cases.scales import exact_in
 from conformance.generator.profiles import profile_cases
 from conformance.runner import CaseResult, run_case
 from conformance.targets import KERNEL_OPS, WRAPPER_OPS
 from conformance.verdict import FailureKind, Outcome
-from conformance.verdict.tolerances import SYSTEMATIC_THRESHOLDS
+from conformance.verdict.tolerances import PRECISION_THRESHOLDS, SYSTEMATIC_THRESHOLDS
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +131,20 @@ def test_a_sub_ulp_gain_is_caught_by_every_large_case_of_its_op_for_systematic_e
         assert result.measurement.delta_bias == pytest.approx(fault.gain, rel=0.3), result.case_id
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_scale_rounded_to_the_dtype_is_caught_on_the_standard_profile_and_is_correct_where_the_scale_is_exact(dtype):
+    """A real rounding of the scale (``ScaleRoundedToInputDtype``), not a modelled gain: it changes nothing where
+    the dtype holds the scale, so it must pass those cases, and the standard profile must catch it on a case
+    whose scale (``alpha / r``, ``alpha / √r``: ``conformance.cases.scales``) the dtype does not hold."""
+    torch_dtype = getattr(torch, dtype)
+    scaled = [(i, c) for i, c in profile_cases("standard", dtypes=(dtype,)) if c.scale != 1.0]
+    inexact = sorted(((i, c) for i, c in scaled if not exact_in(c.scale, torch_dtype)), key=lambda pair: -pair[1].num_tokens)
+    result, ran, broken = first_failure(ScaleRoundedToInputDtype(), inexact)
+    assert result is not None and not broken, f"passed all {ran} standard {dtype} cases of an inexact scale; broken: {broken}"
+    exact = sorted(((i, c) for i, c in scaled if exact_in(c.scale, torch_dtype)), key=lambda pair: pair[1].cost)[:5]
+    assert exact and _not_passed(ScaleRoundedToInputDtype(), exact) == []
+
+
 @pytest.mark.parametrize("fault", [pytest.param(fault, id=fault.name.removeprefix("fault-")) for fault in SUB_ULP_GAIN_FAULTS])
 def test_the_rule_before_issue_23_let_a_sub_ulp_gain_through(fault, monkeypatch):
     """The thresholds the rule had before (``min_bias`` 0.5 % in bfloat16, 0.1 % in float16: a bias of a
@@ -140,6 +157,26 @@ def test_the_rule_before_issue_23_let_a_sub_ulp_gain_through(fault, monkeypatch)
         monkeypatch.setitem(SYSTEMATIC_THRESHOLDS, dt, replace(SYSTEMATIC_THRESHOLDS[dt], min_bias=min_bias))
     result = run_case(fault(), case, case_id)
     assert result.outcome is Outcome.PASS and result.measurement.systematic_ratio < 0.5
+
+
+@pytest.mark.parametrize("fault", [pytest.param(fault, id=fault.name.removeprefix("fault-")) for fault in PRECISION_FAULTS])
+def test_a_float16_delta_through_bfloat16_is_caught_for_coarse_precision_alone_and_was_not_before(fault, monkeypatch):
+    """A float16 output whose delta passed through bfloat16 (``DeltaThroughBf16``): over the smoke cases of its
+    op in float16, every case that catches it fails for coarse precision alone, inside the budget and without a
+    systematic error, and measures a spread past the threshold; without the precision rule (no threshold in
+    ``PRECISION_THRESHOLDS``) every one of those cases passes, as every case did before the rule."""
+    cases = profile_cases("smoke", ops=(fault.rounded_op,), dtypes=("float16",))
+    results = [run_case(fault(), case, case_id) for case_id, case in cases]
+    failed = [(r, case) for r, (_, case) in zip(results, cases) if r.outcome is Outcome.FAIL]
+    assert failed, f"{fault.name} passed all {len(cases)} float16 smoke cases of {fault.rounded_op}"
+    threshold = PRECISION_THRESHOLDS[torch.float16].ratio
+    for result, _ in failed:
+        m = result.measurement
+        assert result.kinds == (FailureKind.PRECISION,) and m.budget_ratio < 1 and m.systematic_ratio < 1, result.message
+        assert m.precision_ratio > threshold and m.precision_threshold == threshold
+    monkeypatch.delitem(PRECISION_THRESHOLDS, torch.float16)
+    before = [run_case(fault(), case, result.case_id) for result, case in failed]
+    assert [r.outcome for r in before] == [Outcome.PASS] * len(failed), [r.message for r in before]
 
 
 # -- the correct target ---------------------------------------------------------------------------

@@ -41,7 +41,8 @@ def test_a_one_percent_gain_fails_inside_the_budget():
     baseline = result(y0, d)
     faulty = result(y0, d * 1.01)
     budget_only = judge(faulty, oracle, baseline, y0, written)
-    assert budget_only.passed and budget_only.measurement.budget_ratio < 1  # what the budget alone lets through
+    # what the budget lets through (without a delta to take its multiple of, the precision rule may see the gain as spread)
+    assert FailureKind.NUMERICS not in [p.kind for p in budget_only.problems] and budget_only.measurement.budget_ratio < 1
     verdict = judge(faulty, oracle, baseline, y0, written, d)
     assert [problem.kind for problem in verdict.problems] == [FailureKind.SYSTEMATIC]
     m = verdict.measurement
