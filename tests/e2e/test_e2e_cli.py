@@ -25,7 +25,7 @@ def test_hpu_emulated_generates_what_the_reference_generates(tmp_path):
                      "moe_greedy_generation"}
     assert all(r["level"] == "model" and r["outcome"] == "pass" for r in document["results"])
     packed5 = [r for r in document["results"] if "packed_5_slices" in r["features"]]
-    assert {r["id"] for r in packed5} == {"teacher_forced_logits-packed5-mixed-fp32", "greedy_generation-packed5-mixed-fp32"}
+    assert {r["id"] for r in packed5} == {"model:teacher_forced_logits:batch=packed5-mixed;dtype=fp32", "model:greedy_generation:batch=packed5-mixed;dtype=fp32"}
     assert "model" in (tmp_path / "report.html").read_text()
 
 

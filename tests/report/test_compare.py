@@ -142,7 +142,7 @@ def test_compare_json_says_whether_the_end_to_end_tokens_agree(compared):
             assert generated["hpu-emulated"][request][:position] == generated["cpu"][request][:position]
             assert where["adapter"] == records["cpu"][case_id]["case"]["requests"][request]["adapter"]
     # vLLM's slot −1 bug: cpu's base requests take another adapter and generate other tokens (a known failure)
-    greedy = entries["greedy_generation-mixed-fp32"]
+    greedy = entries["model:greedy_generation:batch=mixed;dtype=fp32"]
     if greedy["runs"]["cpu"]["outcome"] == "known failure":
         assert greedy["agree"] is False and greedy["first_difference"]["adapter"] is None
 

@@ -89,7 +89,9 @@ def test_a_delta_two_percent_high_on_one_rank_is_a_systematic_error_of_the_layer
     case = TPCase("column", False, 2, "bfloat16", seq_lens=(24, 8, 16), seq_slots=(1, -1, 0), num_slots=2,
                   max_rank=16, hidden_size=256, output_slices=(128,), scale=1.0, seed=3)
     result = executor_of("tp_fault_targets:Rank1DeltaTwoPercentHigh").run(case)
-    assert result.outcome is Outcome.FAIL and result.kinds == (FailureKind.SYSTEMATIC,), result.message
+    # one rank's shard 2 % high also spreads the error beyond the layer's one multiple: coarse precision may join it
+    assert result.outcome is Outcome.FAIL and FailureKind.SYSTEMATIC in result.kinds, result.message
+    assert set(result.kinds) <= {FailureKind.SYSTEMATIC, FailureKind.PRECISION}, result.message
     assert result.measurement.budget_ratio < 1  # the elementwise budget alone lets it through
     assert "systematic error in the delta" in result.message
 
