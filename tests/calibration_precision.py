@@ -78,8 +78,8 @@ def spread_parts(judged) -> dict | None:
     return {
         "elements": s.elements, "rms": s.rms, "baseline_rms": s.baseline_rms, "rounded_rms": s.rounded_rms,
         "model_rms": s.model_rms,
-        # not in the rule: the error before its multiples of the delta are removed, and a rank-1 intermediate's
-        # rounding (relative, uniform within u, shared by a row's delta) as the model would count it
+        # not in the rule: the error before the rows' multiples of the delta are removed, and the model's
+        # intermediate term alone (one relative rounding within u of a row-shared intermediate), to try other rules
         "raw_rms": math.sqrt(float(((a - o) ** 2).mean())),
         "row_rms": unit_roundoff * math.sqrt(float(((d if d is not None else o) ** 2).mean()) / 3),
     }

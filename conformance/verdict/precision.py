@@ -20,16 +20,20 @@ the rows (the output's dim −2, the dims before it flattened with it, as in ``s
     expected = max( √ mean r(b)²           the baseline b: the reference in the case dtype, vLLM's roundings
                   , √ mean r(fl(o))²       the oracle rounded once to the dtype (``correctly_rounded``)
                   , √ mean σ_i² )          the model below: a floor no lucky rounding lowers
-    σ_i²     = (ulp(o_i)² + ulp(d_i)²) / 12 + (eps(float32) · m_i)²
+    σ_i²     = (ulp(o_i)² + ulp(d_i)²) / 12 + u² d_i² / 3 + (eps(float32) · m_i)²
     ratio    = rms / expected,   flagged where ratio > threshold(dtype) on at least min_elements elements
                                    (``r(x)``: the same residual of ``x − o``)
 
-The model is what one correct rounding of the output and one of the delta give on average (a rounding
-to nearest errs uniformly within half an ulp: mean square ulp² / 12), plus float32 accumulation of the
-element's terms ``m_i`` (the magnitude, as in the budget; nothing in a 16-bit output unless the dot
-product cancels by thousands). The realized roundings of the baseline and of ``fl(o)`` vary from case to
-case; on a case of few elements they can be far below the model (an oracle that happens to lie near
-numbers of the dtype), and the model keeps the expected value from collapsing with them. Without a
+The model is what the baseline's roundings give on average: one of the output and one of the delta (a
+rounding to nearest errs uniformly within half an ulp: mean square ulp² / 12), one of an intermediate the
+row shares, relative (``u = eps / 2``: vLLM rounds the float32 shrink result to the dtype before the
+expand, which moves the delta by up to ``u`` of itself: mean square ``u² d² / 3``), plus float32
+accumulation of the element's terms ``m_i`` (the magnitude, as in the budget; nothing in a 16-bit output
+unless the dot product cancels by thousands). The realized roundings of the baseline and of ``fl(o)``
+vary from case to case; on a case of few elements, or of one row whose delta is a handful of rounded
+intermediates (one-token logits of rank 8), they can be far below the model, and the model keeps the
+expected value from collapsing with them: without its intermediate term a correct target that rounds
+that intermediate twice reached 1.9 times a lucky baseline. Without a
 delta (an op judged without one) the output stands for it in the model, and no multiple is taken out.
 
 Why the ratio is robust on few elements: each element's error of a correct target is bounded (a
@@ -96,7 +100,8 @@ def error_spread(a: torch.Tensor, o: torch.Tensor, b: torch.Tensor, d: torch.Ten
     where both are finite), with the baseline ``b``, the oracle's delta ``d`` and magnitude ``m`` there
     (either may be None) and each element's row (``systematic.row_groups``), in the output ``dtype``."""
     delta = d if d is not None else o
-    model = (ulp_of(o, dtype) ** 2 + ulp_of(delta, dtype) ** 2) / 12
+    unit_roundoff = torch.finfo(dtype).eps / 2
+    model = (ulp_of(o, dtype) ** 2 + ulp_of(delta, dtype) ** 2) / 12 + unit_roundoff**2 * delta**2 / 3
     if m is not None:
         model = model + (torch.finfo(torch.float32).eps * m.nan_to_num(0.0, 0.0, 0.0)) ** 2
     finite_baseline = torch.isfinite(b)  # a baseline that overflowed says nothing of the spread
