@@ -221,6 +221,11 @@ class Case:
         """The local expert a global one maps to, −1 when it lives on another rank."""
         return self.expert_map[global_expert] if self.expert_map else global_expert
 
+    def serves(self, slot: int, expert: int | None = None) -> bool:
+        """Whether a row of ``slot`` (an MoE pair of ``slot`` and global ``expert``) is served: its slot is not −1
+        and not disabled (``adapter_enabled`` / ``module_enabled`` 0), and the pair's expert is local."""
+        return slot != -1 and slot not in self.disabled_slots and (expert is None or self.local_expert(expert) != -1)
+
     @property
     def pair_slots(self) -> tuple[int, ...]:
         """The slot of every (token, choice) pair ``t·top_k + k``: the token's slot."""

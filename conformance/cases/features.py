@@ -91,15 +91,10 @@ def _runs(slots: tuple[int, ...]) -> list[int]:
 
 
 def served_slots(case: Case) -> frozenset[int]:
-    """The slots that serve at least one row of the case's op: not −1, not disabled (``adapter_enabled`` /
-    ``module_enabled`` 0), and, for the MoE ops, on a pair whose expert is local."""
-    disabled = set(case.disabled_slots)
+    """The slots that serve at least one row of the case's op (``Case.serves``; an MoE token through one of its pairs)."""
     if case.is_moe:
-        return frozenset(
-            slot for slot, ids in zip(case.token_slots, case.topk_ids)
-            if slot != -1 and slot not in disabled and any(case.local_expert(e) != -1 for e in ids)
-        )  # fmt: skip
-    return frozenset(slot for slot in _row_slots(case) if slot != -1 and slot not in disabled)
+        return frozenset(slot for slot, ids in zip(case.token_slots, case.topk_ids) if any(case.serves(slot, e) for e in ids))
+    return frozenset(slot for slot in _row_slots(case) if case.serves(slot))
 
 
 # What a case that serves no row still exercises: the shape of its batch (and allneg1 itself).

@@ -98,11 +98,7 @@ def _row_slots(case: Case) -> list[int]:
     token's where one of its pairs is served (an enabled slot and a local expert)."""
     if not case.top_k:
         return list(case.token_slots)
-    pairs = [
-        slot if slot != -1 and slot not in case.disabled_slots and case.local_expert(expert) != -1 else -1
-        for slot, experts in zip(case.token_slots, case.topk_ids)
-        for expert in experts
-    ]
+    pairs = [slot if case.serves(slot, expert) else -1 for slot, experts in zip(case.token_slots, case.topk_ids) for expert in experts]
     if case.routed_weight:
         return pairs
     return [max(pairs[t * case.top_k : (t + 1) * case.top_k]) for t in range(case.num_tokens)]  # the token's slot, or −1
@@ -110,12 +106,11 @@ def _row_slots(case: Case) -> list[int]:
 
 def _served_experts(case: Case) -> set[tuple[int, int]]:
     """The (slot, local expert) stacks fused_moe_lora_fp8 reads for some served pair."""
-    disabled = set(case.disabled_slots)
     return {
         (slot, case.local_expert(expert))
         for slot, experts in zip(case.token_slots, case.topk_ids)
         for expert in experts
-        if slot != -1 and slot not in disabled and case.local_expert(expert) != -1
+        if case.serves(slot, expert)
     }
 
 

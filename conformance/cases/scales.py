@@ -29,9 +29,6 @@ class AdapterScale:
     def value(self) -> float:
         return self.lora_alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
 
-    def __str__(self) -> str:
-        return f"{self.lora_alpha}/{'√' if self.rslora else ''}{self.rank}"
-
 
 ADAPTER_SCALES = (
     AdapterScale(8, 16),  # 0.5: exact

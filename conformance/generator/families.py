@@ -330,9 +330,7 @@ class RankOdd(Family):
         return draw(st.sampled_from([r for r in ODD_RANKS if r <= max(limits.max_rank, 33)]))
 
     def steer_ranks(self, draw, ranks, served, max_rank):
-        if served and not any(ranks[slot] % 16 for slot in served):
-            ranks[draw(st.sampled_from(served))] = max_rank if max_rank % 16 else 1
-        return ranks
+        return _serve_rank(draw, ranks, served, lambda rank: rank % 16 != 0, max_rank if max_rank % 16 else 1)
 
 
 class RankMax(Family):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 
-from conformance.cases.scales import SCALES as ADAPTER_SCALES
+from conformance.cases import scales as adapter_scales
 
 from .case import FULLY_SHARDED_LAYERS, TP_SIZES, TPCase
 from .moe_case import MoETPCase
@@ -31,7 +31,7 @@ LAYER_KINDS = tuple((layer, 1) for layer in FULLY_SHARDED_LAYERS) + (("qkv", 2),
 """Each layer kind with its kv-head replication: every kind unreplicated, and QKV with two ranks per kv head."""
 HIDDEN_SIZES = (16, 32, 64, 128)
 RANKS = (4, 8, 16)
-SCALES = (1.0, *ADAPTER_SCALES)
+SCALES = (1.0, *adapter_scales.SCALES)
 """1 and the scales of real adapter configs, most of them inexact in 16 bits (``conformance.cases.scales``)."""
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
+from test_generator import expected_feature  # the feature a family names, as its op can show it
 
 from conformance.cases import Case
 from conformance.cases.features import LONG_BATCH, case_features, served_slots
@@ -22,8 +23,6 @@ from conformance.cases.scales import exact_in
 from conformance.generator.families import FAMILIES
 from conformance.generator.profiles import profile_cases
 from conformance.ops import OP_SPECS
-
-SHRINK_BUFFER_OPS = frozenset(op for op, spec in OP_SPECS.items() if spec.output_kind == "buffer")
 
 
 @dataclass(frozen=True)
@@ -37,12 +36,6 @@ def _served_ranks(case: Case) -> list[int]:
     return [case.adapter_ranks[slot] for slot in served_slots(case)]
 
 
-def _family_feature(case: Case) -> str | None:
-    """The feature the case's family names, as the op can show it (a shrink buffer's slices have no widths)."""
-    feature = FAMILIES[case.family].feature
-    return "multi_slice" if feature == "unequal_slices" and case.op in SHRINK_BUFFER_OPS else feature
-
-
 def _family(*names: str) -> Callable[[Case], bool]:
     return lambda case: case.family in names
 
@@ -50,7 +43,7 @@ def _family(*names: str) -> Callable[[Case], bool]:
 GUARANTEES = (
     Guarantee("serves a row (every family but allneg1)", lambda c: FAMILIES[c.family].serves, lambda c: bool(served_slots(c))),
     Guarantee("allneg1 serves none", _family("allneg1"), lambda c: not served_slots(c)),
-    Guarantee("exercises its family's feature", lambda c: _family_feature(c) is not None, lambda c: _family_feature(c) in case_features(c)),
+    Guarantee("exercises its family's feature", lambda c: expected_feature(c) is not None, lambda c: expected_feature(c) in case_features(c)),
     Guarantee("rank_512 serves a rank above 256", _family("rank_512"), lambda c: any(r > 256 for r in _served_ranks(c))),
     Guarantee("rank_max serves rank 256", _family("rank_max"), lambda c: 256 in _served_ranks(c)),
     Guarantee("rank_odd serves a rank no multiple of 16", _family("rank_odd"), lambda c: any(r % 16 for r in _served_ranks(c))),
