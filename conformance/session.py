@@ -31,7 +31,14 @@ from conformance import journal
 from conformance.cases.replay import read_replay
 from conformance.devices import parse_devices
 from conformance.errors import RunError
-from conformance.expectations import apply_expectations, load_expectations, shipped_expectations, split_applicable, version_lookup
+from conformance.expectations import (
+    apply_expectations,
+    load_expectations,
+    shipped_expectations,
+    split_applicable,
+    target_version,
+    version_lookup,
+)
 from conformance.generator import DEFAULT_PROFILE, PROFILES
 from conformance.generator.cache import hypothesis_version
 from conformance.isolation import IsolatedExecutor, LocalExecutor
@@ -161,6 +168,7 @@ class ConformanceRun:
             raise RunError(str(exc)) from None
         # against the versions the target runs (its own statement, e.g. swapped vLLM ops), else the installed ones
         self.expectations, self.expectations_not_applicable = split_applicable(entries, version_lookup(self.facts.package_versions))
+        self.target_version = target_version(self.facts.reference)  # what an entry's devices.target_version is evaluated against
         self.today = dt.date.today()
         timeout = settings.case_timeout if settings.case_timeout is not None else PROFILES[self.profile].case_timeout
         if timeout < 0:
@@ -371,7 +379,7 @@ class ConformanceRun:
             result = kind.result_type(case_id, case, Outcome.NOT_SUPPORTED, reason, features=kind.features(case))
         else:
             result = kind.run(self.context, case_id, case, values)
-        result = apply_expectations(result, self.expectations, self.today)
+        result = apply_expectations(result, self.expectations, self.today, self.scope_fingerprint())
         shrunk = None
         if result.outcome in (Outcome.FAIL, Outcome.BROKEN, Outcome.KNOWN_FAILURE):
             shrunk = kind.after_failure(self.context, result, values)
@@ -389,6 +397,24 @@ class ConformanceRun:
         if shrunk:
             record["shrunk"] = shrunk
         self.journal.append(record)
+
+    def scope_fingerprint(self) -> dict:
+        """What an expectations entry's ``devices`` scope is evaluated against (``conformance.expectations``): the
+        device as the process that ran the cases reported it (the worker, else the tensor-parallel ranks; the
+        CPU may be read here), and the target's version.
+
+        This process never queries a device runtime (``conformance.report.fingerprint``), so the device is not
+        known when the expectations are loaded: the scope is evaluated per result, against the description the
+        worker sent when it loaded the target, which ``worker_info`` records in the results document for a
+        verifier to check again (``waiver_check``). Where no process reported one (a case no worker ran, a
+        worker that died before it started), the generation is "unknown": a scoped entry is then not applied,
+        and a failure it would have covered says so, rather than being applied blind or skipped silently."""
+        device = self._executor.device_description() if self._executor is not None else None
+        if device is None and self._tp_executor is not None:
+            device = self._tp_executor.device_description()
+        if device is None and self.facts.device_type == "cpu":
+            device = device_description("cpu")  # nothing to initialise: read here, as worker_info does
+        return {**(device or {"device": f"{self.facts.device_type}: not read (no process ran a case)"}), "target_version": self.target_version}
 
     def worker_info(self) -> dict:
         """Which device this process's cases ran on (as the process that ran them read it)."""
@@ -426,6 +452,9 @@ class ConformanceRun:
             "replay": self.replay,
             "expectations": str(self.expectations_path) if self.expectations_path else None,
             "expectations_not_applicable": self.expectations_not_applicable,
+            # what the expectations' devices.target_version and versions ranges are evaluated against (waiver_check)
+            "target_version": self.target_version,
+            "target_package_versions": dict(self.facts.package_versions),
             "isolation": self.isolation,
             "case_timeout": self.case_timeout,
             "repeat": self.repeat,

@@ -29,6 +29,8 @@ def results_document(
         devices = list(dict.fromkeys((w.get("device"), w.get("driver")) for w in document["workers"]))
         environment["device"] = "; ".join(str(name) for name, _ in devices)
         environment["driver"] = "; ".join(dict.fromkeys(str(driver) for _, driver in devices))
+        # what device-scoped expectations name (conformance.expectations): "unknown" from a worker that did not say
+        environment["device_generation"] = "; ".join(dict.fromkeys(str(w.get("device_generation", "unknown")) for w in document["workers"]))
     if extra_reasons:
         gate = document["gate"]
         document["gate"] = {**gate, "passed": False, "reasons": [*gate["reasons"], *extra_reasons]}

@@ -12,7 +12,9 @@ properties and Allure's ``environment.properties`` alike:
 * with ``LORA_CONFORMANCE_VLLM_CPU_OPS``, ``vllm_cpu_lora_ops``: which vLLM release's CPU LoRA ops the
   ``cpu`` target runs in place of the installed ones (``vllm`` stays the installed version);
 * the host and the device: its name and driver where they can be read (CUDA through torch and
-  ``nvidia-smi``, Gaudi through ``habana_frameworks`` and ``hl-smi``, the CPU model otherwise);
+  ``nvidia-smi``, Gaudi through ``habana_frameworks`` and ``hl-smi``, the CPU model otherwise), and its
+  generation (``device_generation``: ``gaudi2``, ``gaudi3``, ``sm_90``, ``cpu``, or ``unknown``), what an
+  expectations entry's ``devices`` scope names (``conformance.expectations``);
 * the environment variables that change numerics or device placement (``NUMERICS_ENV``).
 
 Nothing here may fail a run: whatever cannot be read is recorded as such. Device runtimes are only
@@ -113,39 +115,58 @@ def _vllm_cpu_ops(environ=None) -> str | None:
         return f"unreadable: {exc!r}"
 
 
+UNKNOWN_GENERATION = "unknown"
+
+
 def device_description(device_type: str) -> dict[str, str]:
-    """``device`` (name) and ``driver`` of the device type a target runs on; never raises."""
+    """``device`` (name), ``driver`` and ``device_generation`` of the device type a target runs on; never raises."""
     try:
         if device_type == "cuda":
             return _cuda()
         if device_type == "hpu":
             return _hpu()
         if device_type == "cpu":
-            return {"device": f"cpu: {_cpu_model()}", "driver": "n/a"}
+            return {"device": f"cpu: {_cpu_model()}", "driver": "n/a", "device_generation": "cpu"}
         # a device type the suite does not know: say so, rather than pass the host's CPU off as the device
-        return {"device": f"{device_type}: not described (a device type the suite has no reader for)", "driver": "unknown"}
+        return {"device": f"{device_type}: not described (a device type the suite has no reader for)", "driver": "unknown",
+                "device_generation": UNKNOWN_GENERATION}
     except Exception as exc:  # noqa: BLE001 - a fingerprint must never fail the run it describes
-        return {"device": f"{device_type}: unreadable ({type(exc).__name__}: {exc})", "driver": "unknown"}
+        return {"device": f"{device_type}: unreadable ({type(exc).__name__}: {exc})", "driver": "unknown",
+                "device_generation": UNKNOWN_GENERATION}
+
+
+def gaudi_generation(name: str) -> str:
+    """A Gaudi's generation from its device name, as ``habana_frameworks`` gives it: ``GAUDI2`` → ``gaudi2``,
+    ``GAUDI3`` → ``gaudi3``, ``GAUDI`` → ``gaudi1``; any other name lower-cased."""
+    name = name.strip()
+    match = re.fullmatch(r"GAUDI(\d?)", name.upper())
+    if match:
+        return f"gaudi{match.group(1) or 1}"
+    return name.lower() or UNKNOWN_GENERATION
 
 
 def _cuda() -> dict[str, str]:
     import torch
 
-    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device visible"
+    available = torch.cuda.is_available()
+    name = torch.cuda.get_device_name() if available else "no CUDA device visible"
+    generation = "sm_{}{}".format(*torch.cuda.get_device_capability()) if available else UNKNOWN_GENERATION
     driver = _command(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"])
-    return {"device": f"cuda: {name}", "driver": driver or "unknown (nvidia-smi not readable)"}
+    return {"device": f"cuda: {name}", "driver": driver or "unknown (nvidia-smi not readable)", "device_generation": generation}
 
 
 def _hpu() -> dict[str, str]:
     try:
         import habana_frameworks.torch.hpu as hthpu  # only here: the package is absent off Gaudi
     except ImportError as exc:
-        return {"device": f"hpu: habana_frameworks not importable ({exc})", "driver": "unknown"}
-    name = hthpu.get_device_name() if hthpu.is_available() else "no HPU visible"
+        return {"device": f"hpu: habana_frameworks not importable ({exc})", "driver": "unknown", "device_generation": UNKNOWN_GENERATION}
+    available = hthpu.is_available()
+    name = hthpu.get_device_name() if available else "no HPU visible"
     driver = _command(["hl-smi", "-Q", "driver_version", "-f", "csv,noheader"])
     return {
         "device": f"hpu: {name}",
         "driver": (driver or "unknown (hl-smi not readable)").splitlines()[0],
+        "device_generation": gaudi_generation(str(name)) if available else UNKNOWN_GENERATION,
         "habana_torch_plugin": _version("habana-torch-plugin"),
     }
 
