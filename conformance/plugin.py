@@ -89,6 +89,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run only the cases whose id a query matches (repeatable: any of them): a level (op, layer, model), "
         "level:name, or level:name:key=value;…;* with * globs, e.g. 'op:lora_*:dtype=bf16;*' (docs/cases.md)",
     )
+    group.addoption(
+        "--caselist",
+        metavar="NAME|PATH",
+        help="run exactly the cases of a frozen case list (a shipped one: smoke, standard, release; or a .jsonl path) "
+        "instead of drawing the profile: the same cases and inputs under any Hypothesis version (docs/certification.md)",
+    )
     group.addoption("--replay", metavar="PATH", help="rerun the single case frozen in this replay file")
     group.addoption("--report-dir", metavar="DIR", help="where results and replays go (default: reports/<target>)")
     group.addoption(

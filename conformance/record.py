@@ -53,6 +53,11 @@ class CaseResult:
     stability: str | None = None  # see the module docstring; None: not measured (one call, or none ran)
     determinism: dict | None = None  # runs, attempts, differing elements, largest difference between calls
     traceback: str | None = None  # what the target raised, formatted in its process (see the module docstring)
+    # what the verdict was reached on (conformance.digest): the digest of the input values the run drew and
+    # handed to the target (None where none were: not supported), and the float64 oracle's fingerprint
+    # (None where the level has no single oracle output, or the op is judged by its invariants)
+    inputs_digest: str | None = None
+    oracle_fingerprint: list[float] | None = None
 
     @property
     def kind(self) -> FailureKind | None:
@@ -91,6 +96,8 @@ class CaseResult:
             "stability": self.stability,
             "determinism": self.determinism,
             "case": self.case.to_json(),
+            "inputs_digest": self.inputs_digest,
+            "oracle_fingerprint": self.oracle_fingerprint,
         }
         if self.traceback is not None:
             record["traceback"] = safe_text(self.traceback, TRACEBACK_LIMIT)

@@ -28,6 +28,7 @@ import torch
 
 from conformance.cases.case import Case
 from conformance.cases.features import case_features
+from conformance.digest import oracle_fingerprint, tensors_digest
 from conformance.ops import OP_SPECS, Level, OpSpec
 from conformance.record import CaseResult
 from conformance.target_call import TargetCall, Tensors, execute, handed_tensors
@@ -263,6 +264,9 @@ def judge_op(case: Case, case_id: str, values: Tensors, attempts: list[TargetCal
     stability = "flaky" if flaky else None if measured is None else "deterministic" if measured["identical"] else "nondeterministic"
     result = _verdict(spec, case, case_id, first, judged[0], features)
     result.stability, result.determinism = stability, measured
+    # what this verdict was reached on, for a bundle's reviewer (conformance.digest)
+    result.inputs_digest = tensors_digest(values)
+    result.oracle_fingerprint = oracle_fingerprint(oracle.output) if oracle is not None else None
     if result.traceback is None:  # a later attempt that raised (a flaky failure): what it raised
         result.traceback = next((a.traceback for a in attempts if a.traceback), None)
     if flaky:

@@ -28,6 +28,7 @@ import torch
 
 import conformance
 from conformance import journal
+from conformance.caselists import Caselist, CaselistError, load_caselist
 from conformance.cases.replay import read_replay
 from conformance.devices import parse_devices
 from conformance.errors import RunError
@@ -57,6 +58,7 @@ from conformance.tp.run import TPExecutor
 from conformance.verdict import FailureKind, Outcome
 
 SUITE_VERSION = conformance.__version__
+INPUT_CHECKS = 3  # a --caselist run draws this many of its op cases' inputs before it starts, to check them
 
 
 @dataclass
@@ -68,6 +70,7 @@ class RunSettings:
     seed: int | None = None
     shard: str | None = None
     cases: list[str] | None = None  # --cases: queries (conformance.query) the run's cases must match, any one of them
+    caselist: str | None = None  # --caselist: a frozen list's name or path (conformance.caselists), run instead of drawing
     replay: str | None = None
     resume: str | None = None
     report_dir: str | None = None
@@ -152,6 +155,8 @@ class ConformanceRun:
         self.require_deterministic = settings.require_deterministic
         if self.require_deterministic and self.repeat < 2:
             raise RunError("--require-deterministic needs at least two calls per case to compare: leave out --repeat=1")
+        self.caselist = self._caselist(settings)
+        self.caselist_given = settings.caselist
         self.profile = settings.profile or DEFAULT_PROFILE
         self.shrink = settings.shrink
         self.seed = settings.seed or 0
@@ -211,10 +216,51 @@ class ConformanceRun:
                     f"not {given}; leave the option out to take the run's own"
                 )
             setattr(settings, name, recorded)
+        listed = (manifest.get("caselist") or {}).get("given")
+        if settings.caselist is not None and settings.caselist != listed:
+            raise RunError(f"--resume {settings.resume}: the interrupted run ran " + (f"--caselist {listed}" if listed else "a drawn profile")
+                           + f", not --caselist {settings.caselist}; leave --caselist out to take the run's own")
+        settings.caselist = listed
         _check_resumed_selection(settings.resume, manifest.get("selection"), run_selection(**(selection or {})))
         if settings.expectations is None:
             settings.expectations = manifest.get("expectations") or "none"
         return manifest
+
+    def _caselist(self, settings: RunSettings) -> Caselist | None:
+        """With ``--caselist``: the list, its profile and seed copied into ``settings`` (others given are refused), and
+        its first op cases' inputs drawn here and checked against the list (``conformance.caselists``)."""
+        if not settings.caselist:
+            return None
+        if self.replay:
+            raise RunError("--caselist and --replay exclude each other: a replay runs its one case")
+        try:
+            caselist = load_caselist(settings.caselist)
+        except CaselistError as exc:
+            raise RunError(f"--caselist: {exc}") from None
+        for name, listed in (("profile", caselist.profile), ("seed", caselist.seed)):
+            given = getattr(settings, name)
+            if given is not None and str(given) != str(listed):
+                raise RunError(f"--caselist {settings.caselist} was frozen from --{name}={listed}, not {given}; leave --{name} out")
+            setattr(settings, name, listed)
+        recorded = (self.resume_manifest or {}).get("caselist") or {}
+        if recorded and recorded.get("digest") != caselist.digest:
+            raise RunError(f"--resume: the interrupted run's list {recorded.get('given')} had the digest {recorded.get('digest')}, "
+                           f"the list read now {caselist.digest}: it changed since; start a new run")
+        kinds = {kind.name: kind for kind in self.kinds}
+        unknown = sorted({entry.level for entry in caselist.entries} - set(kinds))
+        if unknown:
+            raise RunError(f"--caselist {settings.caselist} holds cases of the level(s) {unknown}, which this installation does not "
+                           f"have (levels: {', '.join(kinds)}); run it with the suite release that wrote it ({caselist.header['suite_version']})")
+        for entry in [entry for entry in caselist.entries if entry.level == "op"][:INPUT_CHECKS]:
+            drawn = kinds["op"].inputs_digest(kinds["op"].case_from_json(entry.case_json))
+            if drawn != entry.inputs_digest:
+                generated = caselist.header.get("generated_with", {})
+                raise RunError(
+                    f"--caselist {settings.caselist}: this environment draws other input values for {entry.case_id} than the list "
+                    f"holds ({drawn} vs {entry.inputs_digest}): torch {torch.__version__} here, torch {generated.get('torch')} where "
+                    "the list was written; its cases cannot be run here under the list's name (docs/certification.md)"
+                )
+        return caselist
 
     def _local_executor(self) -> LocalExecutor:
         try:
@@ -287,10 +333,23 @@ class ConformanceRun:
         selects, of its shard (``--shard`` splits the selection); the replayed case alone with ``--replay``."""
         if self.replay_entry is not None:
             return [CaseEntry(self.replay_entry)]
-        levels = [(kind, kind.cases(self.profile, self.seed)) for kind in self.kinds]
+        levels = self.level_cases()
         if self.case_queries:
             levels = self._selected(levels)
         return [CaseEntry((case_id, case, None)) for _, cases in levels for case_id, case in self._in_shard(cases)]
+
+    def level_cases(self) -> list[tuple[CaseKind, list]]:
+        """Every level with its ``(case_id, case)`` pairs, in run order: drawn from the profile, or read from ``--caselist``."""
+        if self.caselist is None:
+            return [(kind, kind.cases(self.profile, self.seed)) for kind in self.kinds]
+        levels: dict[str, list] = {kind.name: [] for kind in self.kinds}
+        readers = {kind.name: kind for kind in self.kinds}
+        for entry in self.caselist.entries:
+            try:
+                levels[entry.level].append((entry.case_id, readers[entry.level].case_from_json(entry.case_json)))
+            except ValueError as exc:
+                raise RunError(f"--caselist {self.caselist.path}: the case {entry.case_id} does not read as a {entry.level} case: {exc}") from None
+        return [(kind, levels[kind.name]) for kind in self.kinds if levels[kind.name]]
 
     def _selected(self, levels: list) -> list:
         """Each level's cases that a ``--cases`` query matches; a query that matches none is an error."""
@@ -324,7 +383,7 @@ class ConformanceRun:
         if self.replay_entry is not None:
             whole_list = [self.replay_entry[0]]
         else:
-            whole_list = [case_id for kind in self.kinds for case_id, _ in kind.cases(self.profile, self.seed)]
+            whole_list = [case_id for _, cases in self.level_cases() for case_id, _ in cases]
         return {
             **self.about(),
             "environment": environment_fingerprint(environ=os.environ),
@@ -379,6 +438,8 @@ class ConformanceRun:
             result = kind.result_type(case_id, case, Outcome.NOT_SUPPORTED, reason, features=kind.features(case))
         else:
             result = kind.run(self.context, case_id, case, values)
+            if result.inputs_digest is None and result.outcome.ran:  # a level that does not record it itself
+                result.inputs_digest = kind.inputs_digest(case)
         result = apply_expectations(result, self.expectations, self.today, self.scope_fingerprint())
         shrunk = None
         if result.outcome in (Outcome.FAIL, Outcome.BROKEN, Outcome.KNOWN_FAILURE):
@@ -447,6 +508,8 @@ class ConformanceRun:
             "target_class": self.facts.reference,
             "profile": self.profile if not self.replay else "replay",
             "seed": self.seed,
+            # the frozen list run (name, digest, count, and as given: a name or a path), None for a drawn profile
+            "caselist": {**self.caselist.summary(), "given": self.caselist_given} if self.caselist else None,
             "shard": f"{self.shard[0]}/{self.shard[1]}" if self.shard else None,
             "report_dir": str(self.report_dir),
             "replay": self.replay,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from conformance.digest import json_digest
 from conformance.isolation import Breakdown, TargetLoadError
 from conformance.levels.context import LevelContext
 from conformance.record import CaseResult
@@ -51,6 +52,16 @@ class CaseKind:
     def cases(self, profile: str, seed: int) -> list[tuple[str, Any]]:
         """``(case_id, case)`` of every case of the profile at this level, in a fixed order."""
         raise NotImplementedError
+
+    def case_from_json(self, data: dict) -> Any:
+        """The case ``case.to_json()`` wrote (a frozen case list holds cases so, ``conformance.caselists``);
+        ``ValueError`` naming what is wrong with ``data``."""
+        raise NotImplementedError(f"the {self.name} level cannot read its cases from JSON: define case_from_json")
+
+    def inputs_digest(self, case: Any) -> str:
+        """The digest of the inputs the referee draws for ``case`` (``conformance.digest``), as a frozen case list
+        and every result record it. By default the case's JSON: a level whose case is all its inputs."""
+        return json_digest(case.to_json())
 
     def marks(self, case: Any) -> tuple[str, ...]:
         """The markers of one case (a subset of ``markers``)."""

@@ -8,6 +8,9 @@ dtypes, a ``torch.distributed`` backend for its device), before any rank starts.
 
 from __future__ import annotations
 
+import dataclasses
+
+from conformance.digest import tensors_digest
 from conformance.errors import RunError
 from conformance.levels.context import LevelContext
 from conformance.record import CaseResult
@@ -15,7 +18,9 @@ from conformance.targets.facts import TargetFacts
 from conformance.tp.case import TPCase
 from conformance.tp.cases import tp_cases
 from conformance.tp.moe_case import MoETPCase
+from conformance.tp.moe_layer import moe_tensors
 from conformance.tp.run import TPResult, unsupported_reason
+from conformance.tp.values import layer_tensors
 
 from .base import CaseKind
 
@@ -31,6 +36,21 @@ class LayerKind(CaseKind):
 
     def cases(self, profile: str, seed: int) -> list[tuple[str, TPCase | MoETPCase]]:
         return [(case.case_id, case) for case in tp_cases(profile, seed)]
+
+    def case_from_json(self, data: dict) -> TPCase | MoETPCase:
+        return (MoETPCase if "num_experts" in data else TPCase).from_json(data)
+
+    def inputs_digest(self, case: TPCase | MoETPCase) -> str:
+        """The unsharded layer's tensors, drawn from the case's seed as the referee draws them."""
+        drawn = moe_tensors(case) if isinstance(case, MoETPCase) else layer_tensors(case)
+        named = {}
+        for field in dataclasses.fields(drawn):
+            value = getattr(drawn, field.name)
+            if isinstance(value, tuple):  # a stack per slice
+                named.update({f"{field.name}.{index}": tensor for index, tensor in enumerate(value)})
+            else:
+                named[field.name] = value
+        return tensors_digest(named)
 
     def unsupported_reason(self, facts: TargetFacts, case: TPCase | MoETPCase) -> str | None:
         """``conformance.tp.run.unsupported_reason``: the executor asks it again, as a second line, before a pool starts."""

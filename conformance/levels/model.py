@@ -39,6 +39,9 @@ class ModelKind(CaseKind):
     def cases(self, profile: str, seed: int) -> list[tuple[str, E2ECase]]:
         return [(case.case_id, case) for case in e2e_cases(profile)]
 
+    def case_from_json(self, data: dict) -> E2ECase:
+        return E2ECase.from_json(data)
+
     def unsupported_reason(self, facts: TargetFacts, case: E2ECase) -> str | None:
         """``e2e_unsupported_reason`` from the facts: the worker asks it again, of the loaded target, and agrees."""
         return e2e_unsupported_reason(case, facts.name, facts.generation_engine, facts.claims(case.dtype), facts.methods)

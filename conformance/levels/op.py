@@ -18,6 +18,7 @@ import time
 from conformance.cases.case import Case
 from conformance.cases.features import case_features
 from conformance.cases.replay import write_replay
+from conformance.digest import tensors_digest
 from conformance.generator import PROFILES, profile_cases
 from conformance.isolation import Breakdown
 from conformance.levels.context import LevelContext
@@ -44,6 +45,12 @@ class OpKind(CaseKind):
 
     def cases(self, profile: str, seed: int) -> list[tuple[str, Case]]:
         return profile_cases(profile, seed)
+
+    def case_from_json(self, data: dict) -> Case:
+        return Case.from_json(data)
+
+    def inputs_digest(self, case: Case) -> str:
+        return tensors_digest(make_values(case))
 
     def marks(self, case: Case) -> tuple[str, ...]:
         return (OP_SPECS[case.op].level.value,)
