@@ -8,6 +8,7 @@ oracle, computed again in the reviewer's process (``lora-conformance verify --re
 
 from __future__ import annotations
 
+import json
 import platform
 
 import torch
@@ -31,7 +32,7 @@ def freeze(profile: str, seed: int = 0, kinds: tuple[CaseKind, ...] = BUILT_IN_K
     entries = []
     for kind in kinds:
         for case_id, case in kind.cases(profile, seed):
-            data = case.to_json()
+            data = json.loads(json.dumps(case.to_json()))  # as the list stores it: tuples become lists
             if kind.case_from_json(data) != case:
                 raise CaselistError(f"the {kind.name} case {case_id} does not read back from its JSON as the same case: "
                                     "its to_json/from_json lose a field; fix them before freezing a list")

@@ -141,3 +141,18 @@ def test_digests_see_one_bit_and_fingerprints_see_values_not_summation_order():
     with_inf[0, 0] = float("-inf")
     assert not fingerprints_agree(oracle_fingerprint(oracle), oracle_fingerprint(with_inf))
     assert not fingerprints_agree(["not", "numbers"], oracle_fingerprint(oracle))
+
+
+@pytest.mark.integration  # draws the smoke profile (or reads it from the disk cache) and every case's inputs: ~20 s
+def test_the_shipped_smoke_list_is_what_this_suite_draws(capsys):
+    """A change to what a case is or how it is drawn must come with regenerated lists: python -m conformance.caselists write."""
+    from conformance.caselists.__main__ import main
+
+    assert main(["check", "smoke"]) == 0, capsys.readouterr().out
+
+
+@pytest.mark.slow  # the standard profile and its inputs: ~2 min
+def test_the_shipped_standard_list_is_what_this_suite_draws(capsys):
+    from conformance.caselists.__main__ import main
+
+    assert main(["check", "standard"]) == 0, capsys.readouterr().out
