@@ -5,9 +5,13 @@
     lora-conformance describe NAME                          what one target implements, op × dtype
     lora-conformance report html|merge|allure|compare …     reports, merges, comparisons (python -m conformance.report)
     lora-conformance self-check [--target=NAME]             can this environment run the suite (and the target)?
+    lora-conformance certify --target=NAME --caselist NAME  run a released case list, write one bundle to submit
+    lora-conformance certify --from DIR [DIR ...]           bundle runs (or shards) of a list already made
+    lora-conformance verify BUNDLE [--rejudge N]            check a bundle: 0 conformant, 1 not, 2 invalid
 
 ``run`` is ``pytest --pyargs conformance`` with the given options: it works from any directory of an
-environment where the suite is installed, and its exit code is the gate's.
+environment where the suite is installed, and its exit code is the gate's. ``certify`` and ``verify``
+(``conformance.certify``) are the submission and its review: docs/certification.md.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         from conformance.selfcheck import main as self_check_main
 
         return self_check_main(rest)
+    if command in ("certify", "verify"):
+        from conformance.certify.commands import certify_main, verify_main
+
+        return certify_main(rest) if command == "certify" else verify_main(rest)
     if command == "report":
         from conformance.report.__main__ import main as report_main
 
