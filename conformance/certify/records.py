@@ -44,9 +44,21 @@ OP_MEASUREMENT = ("budget", "budget_ratio", "max_abs_error")  # the fields that 
 
 
 def record_digest(record: dict) -> str:
-    """``sha256:<hex>`` of the record's ``RECORD_FIELDS`` (absent fields as null); ValueError for a value
-    canonical JSON cannot hold (a NaN)."""
-    return sha256(canonical_json({name: record.get(name) for name in RECORD_FIELDS}))
+    """``sha256:<hex>`` of the record's ``RECORD_FIELDS`` (absent fields as null; a non-finite number as the
+    string ``inf``, ``-inf`` or ``nan``, as ``Measurement.to_json`` writes one: an end-to-end case's log-prob
+    error is infinite where the target gave a token no probability)."""
+    return sha256(canonical_json(_finite({name: record.get(name) for name in RECORD_FIELDS})))
+
+
+def _finite(value):
+    """``value`` with every non-finite float written as its string (canonical JSON holds no NaN or Infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _number(measurement: dict, name: str) -> float | None:

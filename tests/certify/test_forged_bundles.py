@@ -356,3 +356,12 @@ def test_rejudge_compares_the_recorded_oracle_with_one_computed_again(good, mini
     check, lines = verified(good, mini[1], tmp_path, rejudge=len(CASES), seed=1)
     assert check.exit_code == 2 and len(lines) == len(CASES)
     assert all(line.startswith("invalid: rejudge op:") and "not judged against this case's oracle" in line for line in lines)
+
+
+def test_an_infinite_measurement_is_digested(mini, tmp_path):
+    """An end-to-end case whose target gave a token no probability records an infinite log-prob error
+    (``Infinity`` in results.json): its digest writes it as the string ``inf``, as the op measurement does."""
+    records = passing_records()
+    records[5] = record(5, "fail", {"max_logprob_error": float("inf"), "budget_ratio": float("inf")}, ("generated other tokens",))
+    check, lines = verified(members_of(mini[0], records, mini[1]), mini[1], tmp_path)
+    assert check.exit_code == 1 and lines == [f"not conformant: results.json: 1 case(s) ended 'fail', which no central waiver covers: {CASES[5][0]}"]
