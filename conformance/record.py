@@ -20,7 +20,10 @@ keeps the whole Python traceback, formatted in the target's process (``conforman
 the suite's frames from where it called the target, the target's frames, the chained causes), so a
 vendor can debug a failure inside an interop layer from the report alone. A crash or a timeout raised
 nothing: its message names the signal and the last Python frames, and ``traceback`` stays None; so
-does every other outcome's. ``results.json`` holds the field only where it is set.
+does every other outcome's. Beside it, as data, ``raised``: the exception's type and the innermost frame of
+the target's code (``{"type": "TypeError", "frame": "my_backend/ops.py:HpuTarget.bgmv_shrink"}``, made in
+the same process by ``conformance.text.raised_at``), which the report's clusters group raised errors by.
+``results.json`` holds either field only where it is set.
 """
 
 from __future__ import annotations
@@ -53,11 +56,14 @@ class CaseResult:
     stability: str | None = None  # see the module docstring; None: not measured (one call, or none ran)
     determinism: dict | None = None  # runs, attempts, differing elements, largest difference between calls
     traceback: str | None = None  # what the target raised, formatted in its process (see the module docstring)
+    raised: dict[str, str] | None = None  # its type and the target's innermost frame (see the module docstring)
     # what the verdict was reached on (conformance.digest): the digest of the input values the run drew and
     # handed to the target (None where none were: not supported), and the float64 oracle's fingerprint
     # (None where the level has no single oracle output, or the op is judged by its invariants)
     inputs_digest: str | None = None
     oracle_fingerprint: list[float] | None = None
+    # where it wrote outside its region: whether every element it changed there is now zero (None: it did not)
+    outside_zeroed: bool | None = None
 
     @property
     def kind(self) -> FailureKind | None:
@@ -74,7 +80,8 @@ class CaseResult:
 
     def to_json(self) -> dict:
         """The results schema (results.json, the report, merge): one record per case, at any level;
-        ``traceback`` only where the target raised."""
+        ``traceback`` and ``raised`` only where the target raised, ``outside_zeroed`` only where it wrote outside its
+        region."""
         record = {
             "id": self.case_id,
             "op": self.case.op,
@@ -99,6 +106,10 @@ class CaseResult:
             "inputs_digest": self.inputs_digest,
             "oracle_fingerprint": self.oracle_fingerprint,
         }
+        if self.outside_zeroed is not None:
+            record["outside_zeroed"] = self.outside_zeroed
         if self.traceback is not None:
             record["traceback"] = safe_text(self.traceback, TRACEBACK_LIMIT)
+        if self.raised is not None:
+            record["raised"] = {safe_text(key, 40): safe_text(value, 300) for key, value in self.raised.items()}
         return record

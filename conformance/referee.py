@@ -151,6 +151,7 @@ class RunJudgement:
     failing_slots: tuple[int, ...] = ()
     failing_slices: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()  # bit-level differences of equal values, one sentence each: said, not failed
+    outside_zeroed: bool | None = None  # where it wrote outside its region: whether every element it changed there is zero
 
 
 def judge_run(spec: OpSpec, case: Case, values: Tensors, expected: Tensors, after: Tensors, oracle: Oracle | None) -> RunJudgement:
@@ -175,6 +176,7 @@ def judge_run(spec: OpSpec, case: Case, values: Tensors, expected: Tensors, afte
         False, details + changed, ordered([p.kind for p in verdict.problems] + changed_kind), measurement,
         tuple(sorted({row_slots[row] for p in verdict.problems for row in p.rows})),
         tuple(sorted({s for p in verdict.problems for s in slices_hit(case, after[spec.output], p)})), notes,
+        next((p.zeroed for p in verdict.problems if p.kind is FailureKind.OUTSIDE_REGION), None),
     )
 
 
@@ -268,7 +270,8 @@ def judge_op(case: Case, case_id: str, values: Tensors, attempts: list[TargetCal
     result.inputs_digest = tensors_digest(values)
     result.oracle_fingerprint = oracle_fingerprint(oracle.output) if oracle is not None else None
     if result.traceback is None:  # a later attempt that raised (a flaky failure): what it raised
-        result.traceback = next((a.traceback for a in attempts if a.traceback), None)
+        raising = next((a for a in attempts if a.traceback), None)
+        result.traceback, result.raised = (raising.traceback, raising.raised) if raising else (None, None)
     if flaky:
         again = "passed" if all(j.passed for j in judged[1]) and attempts[1].status == "ran" else "ended otherwise"
         result.message += f" (flaky: attempt 2 of {len(attempts)} {again})"
@@ -289,7 +292,7 @@ def _verdict(spec: OpSpec, case: Case, case_id: str, attempt: TargetCall, judged
         which = f"call {attempt.raised_in + 1} of {calls}" if calls > 1 else "the call"
         earlier = f" after {attempt.raised_in} call(s) that returned" if attempt.raised_in else ""
         return CaseResult(case_id, case, Outcome.BROKEN, f"{which} raised{earlier}: {attempt.message}", measurement, features,
-                          attempt.seconds, kinds=(FailureKind.RAISED,), traceback=attempt.traceback)
+                          attempt.seconds, kinds=(FailureKind.RAISED,), traceback=attempt.traceback, raised=attempt.raised)
     if failing is None:  # a pass says what differs in bits only, once per sentence over the calls
         notes = "; ".join(dict.fromkeys(note for j in judged for note in j.notes))
         return CaseResult(case_id, case, Outcome.PASS, notes, measurement, features, attempt.seconds)
@@ -302,4 +305,4 @@ def _verdict(spec: OpSpec, case: Case, case_id: str, attempt: TargetCall, judged
             prefix = (f"call {failing + 1} of {len(judged)} after one update_metadata (the first passed: does the wrapper "
                       f"keep its batch state across calls? vLLM calls it once per layer): ")
     return CaseResult(case_id, case, Outcome.FAIL, prefix + "; ".join(run.details), run.measurement, features,
-                      attempt.seconds, run.failing_slots, run.failing_slices, kinds=run.kinds)
+                      attempt.seconds, run.failing_slots, run.failing_slices, kinds=run.kinds, outside_zeroed=run.outside_zeroed)

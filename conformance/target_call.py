@@ -32,7 +32,7 @@ import torch
 
 from conformance.cases.case import Case
 from conformance.ops import OP_SPECS, Level, OpCall, OpSpec, case_mapping
-from conformance.text import describe_exception, format_traceback
+from conformance.text import describe_exception, format_traceback, raised_at
 from conformance.wire import Limits, WireError, from_data, to_data
 
 Tensors = dict[str, torch.Tensor]
@@ -47,7 +47,8 @@ class TargetCall:
     ``runs`` holds, for each call that returned, every tensor handed to the target as it was after
     that call, on the CPU; ``raised_in`` the call (0-based) that raised, if one did, and ``traceback``
     what it raised, formatted here in the target's process (``conformance.text.format_traceback``): from
-    :func:`call_target` through :func:`execute` into the target's frames, with the chained causes.
+    :func:`call_target` through :func:`execute` into the target's frames, with the chained causes; ``raised``
+    the exception's type and the innermost frame of the target's code, as data (``conformance.text.raised_at``).
     """
 
     status: Literal["ran", "raised", "not_supported"]
@@ -56,6 +57,7 @@ class TargetCall:
     seconds: float = 0.0
     raised_in: int | None = None
     traceback: str | None = None
+    raised: dict[str, str] | None = None
 
 
 def _parameter_names(spec: OpSpec) -> tuple[str, ...]:
@@ -151,6 +153,7 @@ def call_target(target, case: Case, values: Tensors, runs: int = DEFAULT_RUNS) -
     except Exception as exc:  # noqa: BLE001 - whatever the target raises is the referee's to judge
         outcome.status, outcome.message = "raised", describe_exception(exc)
         outcome.traceback = format_traceback(exc)  # here: the frames do not cross the pipe, their text does
+        outcome.raised = raised_at(exc, target)
     outcome.seconds = time.perf_counter() - started
     return outcome
 

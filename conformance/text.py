@@ -15,6 +15,11 @@ stored:
 * :func:`format_traceback` is the whole Python traceback of an exception, as Python prints it (every
   frame, the chained causes and contexts, the notes), in safe text of at most ``TRACEBACK_LIMIT``
   characters, each frame and each exception's message cut on its own first; it never raises.
+* :func:`raised_at` is what raised and where, as data (``{"type": "TypeError", "frame":
+  "my_backend/ops.py:HpuTarget.bgmv_shrink"}``): the exception's type and the innermost frame of the
+  target's code, file and function without a line number, never a frame of the suite's own harness. It is
+  made where :func:`format_traceback` is, in the target's process, so a report groups raised errors by
+  cause (``conformance.report.clusters``) without reading traceback text.
 * :func:`without_surrogates` escapes the surrogates in every string of a JSON-like value (a journal line
   written before this module existed may hold ``"\\udcff"``, which ``json.loads`` turns back into one).
 
@@ -24,7 +29,9 @@ use it.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 import traceback
 
 # 8,000 characters: a whole Python traceback of some 40 frames (about 200 characters a frame) plus its
@@ -120,6 +127,79 @@ def format_traceback(exc: BaseException) -> str:
         raise
     except BaseException:  # noqa: BLE001 - a metaclass or a frame can make formatting raise: say what it was
         return describe_exception(exc)
+
+
+# The suite's own code (this package) but for its built-in targets: a frame there is the harness that called
+# the target, the reference, the referee, never where the target's code raised.
+_SUITE = os.path.dirname(os.path.realpath(__file__))
+_BUILT_IN_TARGETS = os.path.join(_SUITE, "targets")
+
+
+def raised_at(exc: BaseException, target: object = None) -> dict[str, str]:
+    """``{"type": ..., "frame": "file:function"}``: the type of ``exc`` and the innermost frame of its traceback
+    that is the target's code; ``frame`` absent where no frame is. Never raises.
+
+    The target's code: a frame outside this suite's package (its built-in targets, ``conformance/targets``,
+    count as targets), preferring the frames of ``target``'s own package (the top-level package of its class's
+    module) where ``target`` is given, so a target's call into a library (torch, triton) that raised is placed
+    at the target's line that called it. The file is named relative to the ``sys.path`` entry it was imported
+    from (``my_backend/ops.py``), the function by its qualified name (``HpuTarget.bgmv_shrink``); no line
+    number, so one bug raising at two lines of one function is one place."""
+    try:
+        found = {"type": _type_name(exc)}
+        frames = [code for code in _traceback_codes(exc) if not _is_suite(code.co_filename)]
+        own = _package_roots(target) if target is not None else ()
+        preferred = [code for code in frames if own and _under(os.path.realpath(code.co_filename), own)]
+        chosen = (preferred or frames)[-1:] if frames else []
+        if chosen:
+            code = chosen[0]
+            found["frame"] = safe_text(f"{_short_path(code.co_filename)}:{getattr(code, 'co_qualname', code.co_name)}", 300)
+        return found
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001 - describing a failure must not fail
+        return {"type": "<unnamed type>"}
+
+
+def _traceback_codes(exc: BaseException) -> list:
+    """The code object of every frame of ``exc``'s traceback, outermost first (at most 10,000)."""
+    codes, tb = [], exc.__traceback__
+    while tb is not None and len(codes) < 10_000:
+        codes.append(tb.tb_frame.f_code)
+        tb = tb.tb_next
+    return codes
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == root or path.startswith(root + os.sep) for root in roots)
+
+
+def _is_suite(filename: str) -> bool:
+    path = os.path.realpath(filename)
+    return _under(path, (_SUITE,)) and not _under(path, (_BUILT_IN_TARGETS,))
+
+
+def _package_roots(target: object) -> tuple[str, ...]:
+    """Where ``target``'s own code lies: its class's top-level package (its directories, or the module's
+    file for a module of its own); the built-in targets' directory for a target of this suite."""
+    module = sys.modules.get(type(target).__module__)
+    top = sys.modules.get(getattr(module, "__name__", "").partition(".")[0])
+    if top is None:
+        return ()
+    if top.__name__ == __name__.partition(".")[0]:
+        return (_BUILT_IN_TARGETS,)
+    paths = getattr(top, "__path__", None)
+    if paths is not None:
+        return tuple(os.path.realpath(path) for path in paths)
+    return (os.path.realpath(top.__file__),) if getattr(top, "__file__", None) else ()
+
+
+def _short_path(filename: str) -> str:
+    """``filename`` relative to the deepest ``sys.path`` entry holding it (``my_backend/ops.py``), else its name."""
+    path = os.path.realpath(filename)
+    entries = [os.path.realpath(entry or os.curdir) for entry in sys.path if isinstance(entry, str)]
+    holding = [entry for entry in entries if path.startswith(entry.rstrip(os.sep) + os.sep)]
+    return os.path.relpath(path, max(holding, key=len)).replace(os.sep, "/") if holding else os.path.basename(filename)
 
 
 def without_surrogates(value):

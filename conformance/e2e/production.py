@@ -78,7 +78,8 @@ class E2EProduction:
 
     ``message``: why not supported, or what the target raised (``"TypeName: message (at file:line)"``),
     and ``traceback`` its whole traceback, formatted in the target's process
-    (``conformance.text.format_traceback``). ``seconds``: the time the target's side spent on the case.
+    (``conformance.text.format_traceback``), ``raised`` its type and the innermost frame of the target's code
+    (``conformance.text.raised_at``). ``seconds``: the time the target's side spent on the case.
     ``repetitions``: for ``"ran"``, every repetition of the whole production (``runs`` of them, on one
     engine); the referee judges the first and compares the others with it bit for bit (a determinism
     measure).
@@ -90,6 +91,7 @@ class E2EProduction:
     seconds: float = 0.0
     repetitions: list[Repetition] = field(default_factory=list)
     traceback: str | None = None
+    raised: dict[str, str] | None = None
 
     @property
     def runs(self) -> int:

@@ -153,7 +153,8 @@ class E2EReferee:
             return E2EResult(case.case_id, case, Outcome.NOT_SUPPORTED, production.message, features=features)
         if production.status == RAISED:
             return E2EResult(case.case_id, case, Outcome.BROKEN, production.message, features=features,
-                             seconds=production.seconds, kinds=(FailureKind.RAISED,), traceback=production.traceback)
+                             seconds=production.seconds, kinds=(FailureKind.RAISED,), traceback=production.traceback,
+                             raised=production.raised)
         if production.status != RAN:
             raise ValueError(f"{case.case_id}: unknown production status {production.status!r}")
         determinism = measure_determinism(production.repetitions)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from conformance.text import describe_exception, format_traceback
+from conformance.text import describe_exception, format_traceback, raised_at
 from conformance.wire import to_data
 
 from .cases import MAX_NEW_TOKENS, PARALLEL_MODEL, TOKCLS_MODEL, TOP_K, E2ECase
@@ -180,7 +180,7 @@ class E2ETargetRunner:
         except Exception as exc:  # noqa: BLE001 - any exception from the target is the "broken" outcome
             # formatted here, where the frames are: from this method through the engine into the target's
             return E2EProduction(case.case_id, RAISED, describe_exception(exc), time.perf_counter() - start,
-                                 traceback=format_traceback(exc))
+                                 traceback=format_traceback(exc), raised=raised_at(exc, self.target))
         return E2EProduction(case.case_id, RAN, "", time.perf_counter() - start, repetitions)
 
 

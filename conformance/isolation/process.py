@@ -53,13 +53,15 @@ READY_LIMITS = Limits(header_bytes=1 << 20, tensor_bytes=0, tensors=0)  # a devi
 class TargetLoadError(RuntimeError):
     """The worker process could not load the target (its constructor raised, or loading crashed or hung);
     every case from then on reports it, with the kind of the first failure (and, where it raised, its
-    traceback)."""
+    traceback and ``raised``: its type and the innermost frame of the target's code)."""
 
-    def __init__(self, message: str, kind: FailureKind = FailureKind.RAISED, traceback: str | None = None) -> None:
+    def __init__(self, message: str, kind: FailureKind = FailureKind.RAISED, traceback: str | None = None,
+                 raised: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.traceback = traceback  # what the constructor raised, formatted in the worker; None for a crash or hang
+        self.raised = raised
 
 
 class IsolatedExecutor:
@@ -141,7 +143,8 @@ class IsolatedExecutor:
                     raise WireError("a raise without its error")
                 self._stop()
                 self._load_error = TargetLoadError(
-                    f"the target could not be loaded in the worker process: {error.text}", traceback=error.traceback)
+                    f"the target could not be loaded in the worker process: {error.text}", traceback=error.traceback,
+                    raised=error.raised)
                 raise self._load_error
             if message.tag != Tag.READY:
                 raise WireError(f"the worker's first message is {message.tag[:40]!r}, not ready")

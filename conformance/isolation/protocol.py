@@ -59,20 +59,22 @@ class Tag(str, enum.Enum):
 
 @dataclass(frozen=True)
 class RemoteError:
-    """An exception raised in a worker, as text: its type's name, ``"TypeName: message (at file:line)"`` and its
-    whole traceback. The referee re-raises a harness error as the builtin exception of that name, where there is
+    """An exception raised in a worker, as text: its type's name, ``"TypeName: message (at file:line)"``, its
+    whole traceback, and its type with the innermost frame of the target's code (``conformance.text.raised_at``). The referee re-raises a harness error as the builtin exception of that name, where there is
     one (``ValueError`` from a fixture stays a ``ValueError``), else as ``RuntimeError``: never a class the
     worker names beyond the builtins."""
 
     type: str
     text: str
     traceback: str | None = None
+    raised: dict[str, str] | None = None
 
     @classmethod
     def of(cls, exc: BaseException) -> RemoteError:
-        from conformance.text import describe_exception, format_traceback, safe_text
+        from conformance.text import describe_exception, format_traceback, raised_at, safe_text
 
-        return cls(safe_text(getattr(type(exc), "__name__", "Exception"), 200), describe_exception(exc), format_traceback(exc))
+        return cls(safe_text(getattr(type(exc), "__name__", "Exception"), 200), describe_exception(exc), format_traceback(exc),
+                   raised_at(exc))
 
     def exception(self, where: str) -> Exception:
         """The exception the referee raises for it, its text and the worker's traceback in the message."""

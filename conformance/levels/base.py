@@ -77,17 +77,19 @@ class CaseKind:
         raise NotImplementedError
 
     def broken(self, case_id: str, case: Any, kind: FailureKind, message: str, seconds: float = 0.0,
-               traceback: str | None = None) -> CaseResult:
+               traceback: str | None = None, raised: dict[str, str] | None = None) -> CaseResult:
         """The result of a case that did not return (its worker died or hung, or could not load the target):
         outcome *broken*. ``traceback``: what the target raised, formatted in its process, where it raised
-        (loading it); a crash or a hang raised nothing and has none."""
+        (loading it), and ``raised`` its type and the target's innermost frame; a crash or a hang raised
+        nothing and has neither."""
         return self.result_type(case_id, case, Outcome.BROKEN, message, features=self.features(case), seconds=seconds, kinds=(kind,),
-                                traceback=traceback)
+                                traceback=traceback, raised=raised)
 
     def broken_by(self, exc: Exception, case_id: str, case: Any, seconds: float = 0.0) -> CaseResult:
         """The broken result of a case whose call into the target's process raised one of ``BREAKDOWNS``."""
         # a TargetLoadError carries what the target raised while loading; a crash or a hang raised nothing
-        return self.broken(case_id, case, exc.kind, breakdown_message(exc), seconds, traceback=getattr(exc, "traceback", None))
+        return self.broken(case_id, case, exc.kind, breakdown_message(exc), seconds, traceback=getattr(exc, "traceback", None),
+                           raised=getattr(exc, "raised", None))
 
     def features(self, case: Any) -> frozenset[str]:
         return case.features()

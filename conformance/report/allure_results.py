@@ -23,7 +23,7 @@ milliseconds per case. What makes them a conformance report rather than a list o
   "…": …``), its trace what the target raised (its whole traceback, as its process formatted it), or
   else the repro;
 * ``environment.properties``: the fingerprint; ``categories.json``: one category per failure cluster
-  first ("Problem 1/1: rows without adapter receive a delta (wrote outside its region; 733 cases in 15
+  first ("Problem 1/1: rows without adapter are overwritten (wrote outside its region; 733 cases in 15
   ops)"), then our outcomes (``CATEGORIES``).
 
 Every string is safe text (``conformance.text``) and the files are ASCII JSON: a target's message cannot

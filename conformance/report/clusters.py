@@ -8,6 +8,12 @@ messages. A cluster gathers failures (outcomes the gate rejects: fail, broken, u
 
 * **kind**: the most telling failure kind (``conformance.verdict.failure_kind``), or ``unexpected
   pass``;
+* for a raise (kind ``raised``), **what raised and where**, from the result's ``raised`` (recorded in the
+  target's process beside its traceback, ``conformance.text.raised_at``): the exception's type and the
+  innermost frame of the target's code, file and function without the line (one bug raising at two lines
+  of one function is one place), never a frame of the suite's own harness: "TypeError in
+  my_backend/ops.py:HpuTarget.bgmv_shrink". So a ``TypeError`` in one op and an ``AssertionError`` in
+  another are two clusters; a result without ``raised`` (an older suite's) says "the call";
 * **where it hits**: which rows went wrong, from ``failing_slots`` (−1 = rows without adapter) against
   the slots the case uses and its slot count: rows without adapter, adapter rows, only the last slot's
   rows (the other slots' right), rows with and without adapter, columns outside the written region
@@ -31,7 +37,8 @@ messages. A cluster gathers failures (outcomes the gate rejects: fail, broken, u
   (two bugs that both write outside the slice, one only with ``offset_start > 0``, one only with
   ``add_inputs=False``); a group whose failures have the knob values another, larger group depends on
   (a knob besides the dtype), or that depends on the same ones, joins it whatever its kind and rows
-  (one bug that writes outside the slice in some cases and nothing in others). The title names them.
+  (one bug that writes outside the slice in some cases and nothing in others); a raise never joins
+  another group nor is joined (what raised, and where, is its cause). The title names the knob values.
 
 One case cannot always tell two descriptions apart, so a failure has its own signature (the most
 precise thing it shows) and the other signatures it is **consistent with**, and it joins whichever of
@@ -57,6 +64,16 @@ levels and dtypes, the knob values it depends on (``only_with`` in words, ``cond
 values), and its **smallest case**: the one with the fewest tokens × widest of hidden size and output
 width (then tokens, rank, slots), op cases before end-to-end ones, and a shrunk case (``--shrink``,
 the result's ``shrunk``) where one is smaller, with its repro.
+
+**A title is true of every member** (:func:`described`, :func:`cluster_title`): it names the cluster's
+signature and, while an op member fits none named so far (neither its own signature nor one it is
+consistent with: a failure joined by its knob values, of another kind or on other rows), the description
+most such members show; ``described`` lists them. Descriptions with one predicate share it: "rows without
+adapter or columns outside the written region are zeroed, or adapter rows exceed the error budget".
+Elements written outside the region "are zeroed" where every member a description covers wrote zeros
+there (the result's ``outside_zeroed``, from the values the referee compared), "are overwritten"
+otherwise: a zeroed row and a delta added where none belongs are told apart. End-to-end members are
+consequences of the op cluster they join (counted in ``end_to_end``), not described by its title.
 """
 
 from __future__ import annotations
@@ -94,9 +111,12 @@ def _specificity(hit: str) -> tuple[int, int]:
 # which kind of row a hit is, for attributing end-to-end failures to an op cluster
 NO_ADAPTER_ROWS, ADAPTER_ROWS, BOTH_ROWS = "no adapter", "adapter", "both"
 
-# A kind whose failure is located by rows reads "<where> <verb>"; the others are a whole-call title.
+# A kind whose failure is located by rows reads "<where> <verb>"; the others are a whole-call title. Elements
+# written outside the region read "are zeroed" where every member's were all written zero (the result's
+# ``outside_zeroed``), else "are overwritten".
+ZEROED, OVERWRITTEN = "are zeroed", "are overwritten"
 VERBS = {
-    FailureKind.OUTSIDE_REGION.value: "receive a delta",
+    FailureKind.OUTSIDE_REGION.value: OVERWRITTEN,
     FailureKind.WROTE_NOTHING.value: "receive nothing (the output is unchanged where it must be written)",
     FailureKind.NUMERICS.value: "exceed the error budget",
     FailureKind.NAN_INF.value: "hold NaN/Inf",
@@ -108,7 +128,7 @@ WHOLE_CALL = {  # kind → (where, title)
     FailureKind.MODIFIED_INPUT.value: ("an input tensor", "an input tensor is modified"),
     FailureKind.SYSTEMATIC.value: ("the LoRA delta", "the LoRA delta carries a systematic error"),
     FailureKind.PRECISION.value: ("the output", "the output has the precision of a coarser dtype"),
-    FailureKind.RAISED.value: ("the call", "the target raises"),
+    FailureKind.RAISED.value: ("the call", "the target raises"),  # with the result's ``raised``: its type and frame
     FailureKind.CRASHED.value: ("the call", "the process running the case crashes"),
     FailureKind.TIMED_OUT.value: ("the call", "the case hangs past its timeout"),
     FailureKind.MALFORMED_REPLY.value: ("the reply", "the target's process sends back what is not data the referee accepts"),
@@ -143,6 +163,8 @@ def where(record: dict) -> str:
     kind = _kind(record)
     if kind == UNEXPECTED_PASS:
         return f"cases listed as {(record.get('expectation') or {}).get('id', 'a known failure')}"
+    if kind == FailureKind.RAISED.value:
+        return _raised_where(record)
     if kind in WHOLE_CALL:
         return WHOLE_CALL[kind][0]
     failing = set(record.get("failing_slots") or ())
@@ -161,6 +183,15 @@ def where(record: dict) -> str:
     if adapter == {slots - 1} and used > adapter:  # the other slots' rows are right
         return LAST_SLOT + _slices(record, exact=True)
     return ADAPTER + _slices(record, exact=True)
+
+
+def _raised_where(record: dict) -> str:
+    """What raised and where, from the result's ``raised`` (``conformance.text.raised_at``): ``TypeError in
+    my_backend/ops.py:HpuTarget.bgmv_shrink``; "the call" for a result without it (an older suite's)."""
+    raised = record.get("raised")
+    if not isinstance(raised, dict) or not raised.get("type"):
+        return WHOLE_CALL[FailureKind.RAISED.value][0]
+    return f"{raised['type']} in {raised['frame']}" if raised.get("frame") else str(raised["type"])
 
 
 def _later_slices_only(record: dict) -> tuple[bool, bool]:
@@ -204,17 +235,65 @@ def signature(record: dict) -> tuple[str, str, str]:
     return _kind(record), where(record), family(record)
 
 
-def title(kind: str, hit: str) -> str:
-    """A cluster's one-line name, e.g. "rows without adapter receive a delta"."""
+def title(kind: str, hit: str, zeroed: bool = False) -> str:
+    """One description's line, e.g. "rows without adapter are overwritten" ("are zeroed" with ``zeroed``), "the
+    target raises TypeError in ops.py:Hpu.bgmv_shrink"."""
+    return _subject(kind, hit) + " " + _predicate(kind, zeroed) if kind in VERBS else _subject(kind, hit)
+
+
+def _subject(kind: str, hit: str) -> str:
+    """A whole-call title, or the rows a row-located kind's title names."""
     if kind == UNEXPECTED_PASS:
         return f"{hit} pass (unexpected pass)"
+    if kind == FailureKind.RAISED.value and hit != WHOLE_CALL[kind][0]:
+        return f"the target raises {hit}"
     if kind in WHOLE_CALL:
         return WHOLE_CALL[kind][1]
-    return f"{hit} {VERBS.get(kind, f'fail ({kind})')}"
+    return hit if kind in VERBS else f"{hit} fail ({kind})"
+
+
+def _predicate(kind: str, zeroed: bool) -> str:
+    return ZEROED if zeroed and kind == FailureKind.OUTSIDE_REGION.value else VERBS[kind]
+
+
+def fits(record: dict, kind: str, hit: str, op_family: str) -> bool:
+    """Whether the description ``(kind, hit)`` of ``op_family`` is true of the failure ``record``: it is the
+    failure's own signature or one the failure is consistent with."""
+    key = (kind, hit, op_family)
+    return signature(record) == key or (record.get("level") != "model" and key in consistent_signatures(record))
+
+
+def described(key: tuple, members: list[dict], own: dict) -> list[tuple[str, str]]:
+    """The descriptions a cluster's title names, so that it is true of every op member: its signature's, then,
+    while a member fits none named so far (one joined by its knob values, showing another kind or other rows),
+    the own signature most such members show. End-to-end members are consequences, counted apart."""
+    kind, hit, op_family = key[:3]
+    parts = [(kind, hit)]
+    unfit = [m for m in members if m.get("level") != "model" and not fits(m, kind, hit, op_family)]
+    while unfit:
+        shown = Counter(own[m["id"]][:2] for m in unfit)
+        part = min(shown, key=lambda k: (-shown[k], _specificity(k[1]), k))
+        parts.append(part)
+        unfit = [m for m in unfit if not fits(m, *part, op_family)]
+    return parts
+
+
+def cluster_title(parts: list[tuple[str, str]], members: list[dict], op_family: str) -> str:
+    """The title naming every description of ``parts``: those with one predicate share it ("rows without adapter
+    or columns outside the written region are zeroed, or adapter rows exceed the error budget"). Elements
+    written outside the region "are zeroed" where every member it describes wrote zeros there."""
+    phrases: dict[str, list[str]] = {}
+    for kind, hit in parts:
+        if kind not in VERBS:
+            phrases.setdefault(title(kind, hit), [])
+            continue
+        zeroed = all(m.get("outside_zeroed") for m in members if m.get("level") != "model" and fits(m, kind, hit, op_family))
+        phrases.setdefault(_predicate(kind, zeroed), []).append(_subject(kind, hit))
+    return ", or ".join(" or ".join(subjects) + " " + predicate if subjects else predicate for predicate, subjects in phrases.items())
 
 
 def cluster_label(cluster: dict, total: int) -> str:
-    """How a failure names its cluster in JUnit and Allure: ``cluster 1/3 "rows without adapter receive a delta"``."""
+    """How a failure names its cluster in JUnit and Allure: ``cluster 1/3 "rows without adapter are overwritten"``."""
     return f'cluster {cluster["id"]}/{total} "{cluster["title"]}"'
 
 
@@ -315,7 +394,7 @@ def cluster_failures(results: list[dict]) -> tuple[list[dict], dict[str, int]]:
     for number, key in enumerate(ordered, 1):
         members = groups[key]
         hits = Counter(own[m["id"]][1] for m in members)
-        clusters.append(_describe(number, key, members, explained[key], hits))
+        clusters.append(_describe(number, key, members, explained[key], hits, own))
         membership.update((record["id"], number) for record in members)
     return clusters, membership
 
@@ -337,7 +416,8 @@ def _join_ways_of_one_cause(causes: list[tuple[tuple, list[dict], tuple]], knobs
     target = {}
     for position, i in enumerate(order):
         key, members, conditions = causes[i]
-        larger = [j for j in order[:position] if causes[j][0][2] == key[2] and knobs.explains(causes[j][2], members, conditions)]
+        larger = [j for j in order[:position] if causes[j][0][2] == key[2] and _may_join(key, causes[j][0])
+                  and knobs.explains(causes[j][2], members, conditions)]
         target[i] = larger[0] if larger else i  # the first in order is the largest
 
     def root(i: int) -> int:
@@ -357,8 +437,15 @@ def _join_ways_of_one_cause(causes: list[tuple[tuple, list[dict], tuple]], knobs
     return {key: sorted(members, key=lambda r: r["id"]) for key, members in groups.items()}
 
 
-def _describe(number: int, key: tuple, members: list[dict], end_to_end: int, hits: Counter) -> dict:
+def _may_join(key: tuple, larger: tuple) -> bool:
+    """Whether a group may join a larger one by knob values: never a raise, nor into one (what raised, and
+    where, is the cause: ``TypeError`` in one function and ``AssertionError`` in another are two)."""
+    return FailureKind.RAISED.value not in (key[0], larger[0])
+
+
+def _describe(number: int, key: tuple, members: list[dict], end_to_end: int, hits: Counter, own: dict) -> dict:
     kind, hit, op_family, conditions = key
+    parts = described(key, members, own)
     levels = Counter(m.get("level") or "other" for m in members)
     level_rank = {level: i for i, level in enumerate(LEVEL_ORDER)}
     ops = Counter(m["op"] for m in members)
@@ -366,7 +453,8 @@ def _describe(number: int, key: tuple, members: list[dict], end_to_end: int, hit
     kinds = {k for m in members for k in m.get("kinds") or ()}
     return {
         "id": number,
-        "title": title(kind, hit) + (f" (only with {'; '.join(map(condition_text, conditions))})" if conditions else ""),
+        "title": cluster_title(parts, members, op_family) + (f" (only with {'; '.join(map(condition_text, conditions))})" if conditions else ""),
+        "described": [{"kind": part_kind, "where": part_hit} for part_kind, part_hit in parts],  # what its title names
         "kind": kind,
         "where": hit,
         "family": op_family,

@@ -37,11 +37,13 @@ __all__ = ["CRASH_GRACE", "START_TIMEOUT", "STACK_DUMP_WAIT", "RankFailure", "Ra
 class RankFailure(Exception):
     """A case ended on some rank without an answer: ``kind`` raised / crashed / timed out, or ``None`` for
     a ``NotImplementedError`` (not supported). ``ranks`` are the ranks it names; ``traceback`` what the
-    rank raised, formatted in the rank's process (None for a crash or a hang: nothing was raised)."""
+    rank raised, formatted in the rank's process, and ``raised`` its type and the innermost frame of the
+    target's code (both None for a crash or a hang: nothing was raised)."""
 
-    def __init__(self, kind: FailureKind | None, message: str, ranks: tuple[int, ...] = (), traceback: str | None = None) -> None:
+    def __init__(self, kind: FailureKind | None, message: str, ranks: tuple[int, ...] = (), traceback: str | None = None,
+                 raised: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.kind, self.message, self.ranks, self.traceback = kind, message, ranks, traceback
+        self.kind, self.message, self.ranks, self.traceback, self.raised = kind, message, ranks, traceback, raised
 
 
 READY_LIMITS = Limits(header_bytes=1 << 20, tensor_bytes=0, tensors=0)
@@ -191,7 +193,8 @@ class RankPool:
         error = reply.error
         text = safe_text(error.text) if error else "an error without its text"
         traceback = safe_text(error.traceback, TRACEBACK_LIMIT) if error and error.traceback else None
-        raise RankFailure(FailureKind.RAISED, f"rank {rank} of {self.tp_size} raised while {doing}: {text}", (rank,), traceback)
+        raise RankFailure(FailureKind.RAISED, f"rank {rank} of {self.tp_size} raised while {doing}: {text}", (rank,), traceback,
+                          error.raised if error else None)
 
     def _refused(self, rank: int, what: str, doing: str) -> None:
         self.close(kill=True)

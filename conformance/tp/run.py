@@ -117,7 +117,7 @@ class TPExecutor:
         if case.tp_size in self._start_errors:
             failure = self._start_errors[case.tp_size]
             return TPResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features, kinds=(failure.kind,),
-                            traceback=failure.traceback)
+                            traceback=failure.traceback, raised=failure.raised)
         started = time.perf_counter()
         pool = self._pool_for(case.tp_size)
         starting = not pool.alive
@@ -127,7 +127,7 @@ class TPExecutor:
             failure.message = f"the tensor-parallel pool could not start: {failure.message}"
             self._start_errors[case.tp_size] = failure
             return TPResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features, kinds=(failure.kind,),
-                            failing_ranks=failure.ranks, traceback=failure.traceback)
+                            failing_ranks=failure.ranks, traceback=failure.traceback, raised=failure.raised)
         self.pool_starts += starting
         calls = []  # each call's answers, by rank: the case runs `runs` times on the same pool
         try:
@@ -140,7 +140,7 @@ class TPExecutor:
             which = f" (call {len(calls) + 1} of {self.runs}; the earlier returned)" if calls else ""
             return TPResult(case.case_id, case, Outcome.BROKEN, failure.message + which, features=features, seconds=seconds,
                             kinds=(failure.kind,), failing_ranks=failure.ranks, stability="flaky" if calls else None,
-                            traceback=failure.traceback)
+                            traceback=failure.traceback, raised=failure.raised)
         seconds = time.perf_counter() - started
         results = [self._judged(case, answers, features, seconds) for answers in calls]
         result = next((r for r in results if r.outcome is not Outcome.PASS), results[0])

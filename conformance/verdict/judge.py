@@ -77,6 +77,7 @@ class Problem:
     rows: tuple[int, ...] = ()  # output rows (dim −2) where it shows, so messages can name their slots
     columns: tuple[int, ...] = ()  # output columns (dim −1) where it shows, so results can name their slices
     planes: tuple[int, ...] = ()  # indices over the dims before −2, flattened (a shrink buffer's slice)
+    zeroed: bool = False  # written outside the region: every element it changed there is now zero
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,11 @@ def judge(
     untouched = compare_values(actual, initial)
     outside = untouched.changed & ~written
     if outside.any():
-        problems.append(Problem(FailureKind.OUTSIDE_REGION, f"wrote {int(outside.sum())} element(s) it must leave untouched", **where(outside)))
+        # zeros where values must stay (a kernel that zeroes the whole output, or its rows without adapter) say so
+        zeroed = bool((actual[outside] == 0).all())
+        verb = "zeroed" if zeroed else "wrote"
+        problems.append(Problem(FailureKind.OUTSIDE_REGION, f"{verb} {int(outside.sum())} element(s) it must leave untouched",
+                                **where(outside), zeroed=zeroed))
     bit_differences = BitDifferences.of(untouched, OUTPUT, OUTPUT, ~written)
 
     a, o, b = actual[written].double(), oracle[written].double(), baseline[written].double()

@@ -157,6 +157,8 @@ def test_an_op_case_whose_target_raised_records_the_suite_frames_and_the_target_
     assert files[-1].endswith("tests/misbehaving_targets.py") and "in misbehave" in result.traceback
     assert result.traceback.endswith("RuntimeError: synapse error 26: simulated device failure in add_lora_linear")
     assert result.to_json()["traceback"] == result.traceback
+    # what raised and where, as data (the clusters group by it): the target's frame, not the suite's
+    assert result.to_json()["raised"] == {"type": "RuntimeError", "frame": "misbehaving_targets.py:RaisesDeviceError.misbehave"}
 
     passed = run_case(ReferenceTarget(), case, case_id, runs=1, second_attempt=False)
     assert passed.outcome is Outcome.PASS and passed.traceback is None and "traceback" not in passed.to_json()
@@ -178,6 +180,8 @@ def test_the_traceback_crosses_from_the_worker_process_with_its_cause(linear_cas
                                                                                                    "add_lora_linear"]
     assert "OSError: driver: invalid device handle 0xdead" in result.traceback
     assert result.traceback.endswith("InteropError: the interop layer could not launch add_lora_linear")
+    # made in the worker beside the traceback, and read back across the pipe
+    assert result.raised == {"type": "InteropError", "frame": "test_target_traceback.py:RaisesFromACause.add_lora_linear"}
 
 
 @pytest.mark.integration
@@ -191,7 +195,8 @@ def test_a_target_that_raises_while_loading_leaves_its_traceback_and_a_crash_lea
             executor.close()
         assert (result.outcome, result.kinds) == (Outcome.BROKEN, (kind,)), result.message
         if kind is FailureKind.CRASHED:  # nothing was raised: no traceback is made up
-            assert result.traceback is None and "traceback" not in result.to_json()
+            assert result.traceback is None and "traceback" not in result.to_json() and result.raised is None
         else:
+            assert result.raised == {"type": "RuntimeError", "frame": "test_target_traceback.py:RaisesWhileLoading.__init__"}
             assert [function for _, function in frames(result.traceback)][-1] == "__init__", result.traceback
             assert result.traceback.endswith("RuntimeError: no device found while loading the target")

