@@ -15,6 +15,7 @@ to every kind alike, as it journals every kind alike.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from conformance.digest import json_digest
@@ -96,6 +97,8 @@ class CaseKind:
 
     def after_failure(self, context: LevelContext, result: CaseResult, values: Any = None) -> dict | None:
         """For a failing, broken or known-failing result: set its ``repro`` (and ``replay``); return the
-        record's ``shrunk`` entry where the kind shrinks failures. By default the repro reruns the one test."""
-        result.repro = f"pytest '{context.test_node_id(result.case_id)}' --target={context.target_name}" + (f" --seed={context.seed}" if context.seed else "")
+        record's ``shrunk`` entry where the kind shrinks failures. By default the repro reruns the one test, on the
+        target as the run was given it, into the run's report dir (``LevelContext.repro_options``)."""
+        result.repro = (f"pytest {shlex.quote(context.test_node_id(result.case_id))} --target={shlex.quote(context.target_name)}"
+                        + (f" --seed={context.seed}" if context.seed else "") + f" {context.repro_options()}")
         return None

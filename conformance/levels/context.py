@@ -9,6 +9,7 @@ ranks, and one without end-to-end cases never reads the model fixtures.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,5 +62,10 @@ class LevelContext:
         return journal.node_id(case_id)
 
     def repro_command(self, replay_path: Path) -> str:
-        """The command that reruns one replay file alone."""
-        return f"pytest conformance --target={self.target_name} --replay {replay_path}"
+        """The command that reruns one replay file alone, into this run's report dir (:meth:`repro_options`)."""
+        return f"pytest conformance --target={shlex.quote(self.target_name)} --replay {shlex.quote(str(replay_path))} {self.repro_options()}"
+
+    def repro_options(self) -> str:
+        """What every repro carries besides the target: ``--report-dir`` this run's report dir, so a replay
+        lands next to the run's report, not in ``reports/<target>`` (quoted for the shell)."""
+        return f"--report-dir {shlex.quote(str(self.report_dir))}"
