@@ -186,6 +186,8 @@ def case_checks(target: str, results: list, *, gate: bool) -> list[Check]:
 
 
 def self_check(target: str | None, out=sys.stdout) -> int:
+    from conformance.session import default_report_dir
+
     checks = environment_checks()
     for check in checks:
         print(check.line(), file=out)
@@ -195,7 +197,7 @@ def self_check(target: str | None, out=sys.stdout) -> int:
     with tempfile.TemporaryDirectory(prefix="lora-conformance-self-check-") as scratch:
         # the reference first, gated; then the target (the reference once, were it named as the target too)
         for name, gate in (("reference", True), *(((target, False),) if target and target != "reference" else ())):
-            loaded, results = judged_cases(name, Path(scratch) / name)
+            loaded, results = judged_cases(name, Path(scratch) / default_report_dir(name).name)
             for check in [*loaded, *case_checks(name, results, gate=gate)]:
                 print(check.line(), file=out)
                 checks.append(check)

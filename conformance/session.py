@@ -165,7 +165,7 @@ class ConformanceRun:
             self.case_queries = tuple(parse_query(text) for text in settings.cases or ())
         except QueryError as exc:
             raise RunError(f"--cases: {exc}") from None
-        self.report_dir = Path(settings.report_dir or Path("reports") / self.target_name.replace(":", "_").replace("/", "_"))
+        self.report_dir = Path(settings.report_dir or default_report_dir(self.target_name))
         self.expectations_path = self._expectations_path(settings.expectations)
         try:
             entries = load_expectations(self.expectations_path) if self.expectations_path else ()
@@ -561,6 +561,11 @@ class ConformanceRun:
         document = self.build_document(manifest, workers=workers)
         self.write_document(document)
         return document
+
+
+def default_report_dir(target: str) -> Path:
+    """``reports/<target>`` with the target's ``:`` and ``/`` made ``_``: no path a run writes holds a colon."""
+    return Path("reports") / target.replace(":", "_").replace("/", "_")
 
 
 def run_selection(keyword: str = "", markexpr: str = "", node_ids=(), cases=()) -> dict:

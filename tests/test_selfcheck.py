@@ -77,3 +77,12 @@ def test_the_console_script_runs_it():
     done = subprocess.run([sys.executable, "-m", "conformance.cli", "self-check"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.rstrip().endswith("self-check passed")
+
+
+def test_a_module_class_targets_scratch_report_dir_holds_no_colon(monkeypatch):
+    """The self-check runs each target into a scratch report dir named after it: ``pkg.mod:Class`` without its colon."""
+    report_dirs = []
+    monkeypatch.setattr(selfcheck, "environment_checks", lambda: [])
+    monkeypatch.setattr(selfcheck, "judged_cases", lambda target, report_dir: (report_dirs.append(report_dir), ([], []))[1])
+    run_check("fault_targets:ScaleAppliedTwice")
+    assert [path.name for path in report_dirs] == ["reference", "fault_targets_ScaleAppliedTwice"]
