@@ -492,7 +492,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     run, gate = config.stash[_RUN_KEY], config.stash[_GATE_KEY]
     write = terminalreporter.write_line
     terminalreporter.section("LoRA conformance verdict")
-    write(f"target {run.target_name}, profile {run.about()['profile']}, seed {run.seed}")
+    write(f"target {run.facts.name}, profile {run.about()['profile']}, seed {run.seed}")  # its short name: the repros reload it
     announcement = config.stash[_SHARD_SOURCE_KEY][1]
     if announcement:
         write(announcement)

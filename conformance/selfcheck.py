@@ -152,22 +152,24 @@ def cheapest_per_op(entries, methods: tuple[str, ...], dtypes: tuple[str, ...]) 
     return [cheapest[op] for op in sorted(cheapest)]
 
 
-def judged_cases(target: str, report_dir: Path) -> tuple[list[Check], list]:
-    """The cheapest smoke case of every op ``target`` implements, run and judged as a run does them."""
+def judged_cases(target: str, report_dir: Path) -> tuple[list[Check], list, str]:
+    """The cheapest smoke case of every op ``target`` implements, run and judged as a run does them, and the name
+    the checks call it: a loaded target's short name (its ``module:Class`` in the load line's detail), else
+    ``target`` as given."""
     from conformance.errors import RunError
     from conformance.session import ConformanceRun, RunSettings
 
     try:
         run = ConformanceRun(RunSettings(target=target, profile="smoke", report_dir=str(report_dir)))
     except RunError as exc:
-        return [Check(FAIL, f"target {target}", f"cannot run here: {exc}")], []
+        return [Check(FAIL, f"target {target}", f"cannot run here: {exc}")], [], target
     facts = run.facts
-    load = Check(OK, f"target {target}", f"loads ({facts.reference}; device {facts.device_type}; dtypes {', '.join(facts.dtypes)})")
+    load = Check(OK, f"target {facts.name}", f"loads ({facts.reference}; device {facts.device_type}; dtypes {', '.join(facts.dtypes)})")
     try:
         results = [run.run(entry) for entry in cheapest_per_op(run.entries(), facts.methods, facts.dtypes)]
     finally:
         run.close()
-    return [load], results
+    return [load], results, facts.name
 
 
 def case_checks(target: str, results: list, *, gate: bool) -> list[Check]:
@@ -197,8 +199,8 @@ def self_check(target: str | None, out=sys.stdout) -> int:
     with tempfile.TemporaryDirectory(prefix="lora-conformance-self-check-") as scratch:
         # the reference first, gated; then the target (the reference once, were it named as the target too)
         for name, gate in (("reference", True), *(((target, False),) if target and target != "reference" else ())):
-            loaded, results = judged_cases(name, Path(scratch) / default_report_dir(name).name)
-            for check in [*loaded, *case_checks(name, results, gate=gate)]:
+            loaded, results, shown = judged_cases(name, Path(scratch) / default_report_dir(name).name)
+            for check in [*loaded, *case_checks(shown, results, gate=gate)]:
                 print(check.line(), file=out)
                 checks.append(check)
             if name == "reference" and any(c.status == FAIL for c in checks):

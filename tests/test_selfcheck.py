@@ -65,6 +65,11 @@ def test_a_wrong_number_is_printed_not_gated():
     # a scale applied twice is the run's verdict to give; the self-check passes and prints the failures
     status, text = run_check("fault_targets:ScaleAppliedTwice")
     assert "fail" in text and status == 0, text
+    # a loaded target is named by its short name; its module:Class where it loads it, and in the command to run
+    assert "ok    target fault-scale-twice: loads (fault_targets:ScaleAppliedTwice;" in text, text
+    judged = [line.split()[1] for line in text.splitlines() if ": fail" in line]
+    assert judged and set(judged) == {"fault-scale-twice"}, text
+    assert text.rstrip().endswith("the verdict: pytest conformance --target=fault_targets:ScaleAppliedTwice --profile=smoke")
 
 
 def test_a_target_that_cannot_load_fails_with_the_reason():
@@ -83,6 +88,6 @@ def test_a_module_class_targets_scratch_report_dir_holds_no_colon(monkeypatch):
     """The self-check runs each target into a scratch report dir named after it: ``pkg.mod:Class`` without its colon."""
     report_dirs = []
     monkeypatch.setattr(selfcheck, "environment_checks", lambda: [])
-    monkeypatch.setattr(selfcheck, "judged_cases", lambda target, report_dir: (report_dirs.append(report_dir), ([], []))[1])
+    monkeypatch.setattr(selfcheck, "judged_cases", lambda target, report_dir: (report_dirs.append(report_dir), ([], [], target))[1])
     run_check("fault_targets:ScaleAppliedTwice")
     assert [path.name for path in report_dirs] == ["reference", "fault_targets_ScaleAppliedTwice"]

@@ -45,7 +45,7 @@ def verdict_line(document: dict) -> str:
     gate = document["gate"]
     reasons = "; ".join(gate["reasons"])
     return (
-        f"verdict: {'PASS' if gate['passed'] else 'FAIL'} — target {document.get('target')}, profile "
+        f"verdict: {'PASS' if gate['passed'] else 'FAIL'} — target {document.get('target_name') or document.get('target')}, profile "
         f"{document.get('profile')}, seed {document.get('seed')}, {len(document['results'])} cases"
         + (f" ({reasons})" if reasons else "")
     )

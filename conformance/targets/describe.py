@@ -107,8 +107,9 @@ def probe_case(op: str, dtype: str, **changes) -> Case:
 
 
 def describe(name: str) -> TargetDescription:
-    """Every op × dtype status of the named target (a registered name or ``package.module:Class``)."""
-    return describe_class(resolve(name), name, known_targets().get(name, name))
+    """Every op × dtype status of the named target (a registered name or ``package.module:Class``): under the
+    class's own short ``name``, with the ``module:Class`` reference that loads it beside."""
+    return describe_class(resolve(name), reference=known_targets().get(name, name))
 
 
 def describe_class(cls: type[Target], name: str | None = None, reference: str | None = None) -> TargetDescription:

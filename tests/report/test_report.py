@@ -242,6 +242,14 @@ def test_html_subcommand_renders_a_results_file(tmp_path):
     assert re.search(r'id="verdict"', (tmp_path / "out.html").read_text())
 
 
+def test_the_verdict_line_names_the_target_by_its_short_name():
+    from conformance.report.__main__ import verdict_line
+
+    line = verdict_line(document(SYNTHETIC, target="my_backend.lora:HpuTarget", target_name="hpu-lora"))
+    assert line.startswith("verdict: FAIL — target hpu-lora, profile smoke") and "my_backend" not in line
+    assert "target acme," in verdict_line(document(SYNTHETIC))  # an older document without target_name: as it was asked for
+
+
 @pytest.mark.integration  # a whole run in a subprocess
 def test_a_malformed_shard_is_a_usage_error_naming_the_option(tmp_path):
     for value in ("3/2", "a/b"):

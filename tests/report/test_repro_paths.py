@@ -36,6 +36,7 @@ def test_a_repro_replays_into_the_runs_report_dir_and_no_written_path_holds_a_co
     report_dir = tmp_path / "a run's reports"  # a space and a quote: the shell must get it quoted
     completed = conformance(f"--target={TARGET}", *ONE_CASE, "--shrink", report_dir=report_dir)
     assert completed.returncode == 1, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert "target fault-scale-twice, profile smoke" in completed.stdout  # the verdict's summary: the short name
     [failed] = json.loads((report_dir / "results.json").read_text())["results"]
     assert ":" in failed["id"] and failed["shrunk"], failed
     options = f"--report-dir {shlex.quote(str(report_dir))}"

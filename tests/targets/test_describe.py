@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conformance.ops import KNOBS
-from conformance.targets.describe import FEATURE_PROBES, describe_class
+from conformance.targets.describe import FEATURE_PROBES, describe, describe_class, render
 from conformance.targets.hpu.targets import HpuEmulatedTarget
 
 
@@ -40,3 +40,12 @@ def test_a_refusal_of_one_knob_is_a_note_on_the_ops_that_read_it():
     assert "a scale other than 1 not supported" in shrink.status and "an odd hidden size not supported" in shrink.status
     assert "an output offset" not in shrink.status  # shrink does not read the offset: no note
     assert "odd hidden" not in statuses["bgmv_shrink", "float16"].status
+
+
+def test_describe_names_a_module_class_target_by_its_short_name_with_the_reference_that_loads_it():
+    described = describe(f"{__name__}:RefusesWhatItDoesNotDo")
+    assert (described.name, described.reference) == ("refuses-some-knobs", f"{__name__}:RefusesWhatItDoesNotDo")
+    # before: the reference twice, "test_describe:RefusesWhatItDoesNotDo  (test_describe:RefusesWhatItDoesNotDo)"
+    assert render(described).splitlines()[0] == f"refuses-some-knobs  ({__name__}:RefusesWhatItDoesNotDo)"
+    registered = describe("reference")
+    assert (registered.name, registered.reference) == ("reference", "conformance.targets.reference:ReferenceTarget")
