@@ -71,7 +71,7 @@ def test_a_list_reads_back_and_any_edit_is_refused(tmp_path):
 
 def test_the_shipped_lists_load_and_hold_every_level():
     shipped = released_caselists()
-    assert {"smoke", "standard"} <= set(shipped)
+    assert {"smoke", "standard", "release"} <= set(shipped)
     smoke = load_caselist("smoke")
     assert smoke.profile == "smoke" and smoke.seed == 0
     assert {entry.level for entry in smoke.entries} == {"op", "model", "layer"}
