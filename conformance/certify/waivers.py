@@ -12,10 +12,11 @@ relabelled, one that does not cover the case) is a forged record: the bundle is 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 
-from conformance.expectations import CENTRAL, LOCAL, load_expectations, waiver_check
+from conformance.expectations import CENTRAL, LOCAL, central_entries, load_expectations, waiver_check
 from conformance.verdict import Outcome
 
 WAIVED = (Outcome.KNOWN_FAILURE.value, Outcome.UNEXPECTED_PASS.value)  # the outcomes an expectations entry decided
@@ -44,12 +45,18 @@ def run_date(record: Mapping, fallback: _dt.date) -> _dt.date:
     return fallback
 
 
+@functools.cache
+def _shipped_entries():
+    """The release's central entries, read once per process: the shipped files do not change under a verify."""
+    return central_entries()
+
+
 def waiver_finding(record: Mapping, fingerprint: Mapping, today: _dt.date) -> tuple[str, str] | None:
     """``(LOCAL_WAIVER | FORGED_WAIVER, why)`` for a known failure whose waiver is not a central one that
     applies; None when it is. Local: the record says its entry came from a local file (an honest record
     of a run that is not conformant); forged: it says central, or nothing, and the release ships no such
     central entry covering it."""
-    why = waiver_check(record, fingerprint, today)
+    why = waiver_check(record, fingerprint, today, _shipped_entries())
     if why is None:
         return None
     expectation = record.get("expectation") if isinstance(record.get("expectation"), Mapping) else {}
