@@ -15,8 +15,9 @@ A target is a plain Python class (no pytest, no reports), so a vendor can also d
 * ``synchronize()``: wait for the device before outputs are read;
 * ``device_traits()`` (classmethod): the visible-devices variable and ``torch.distributed`` backend of
   its device type (built in for cpu, cuda and hpu; a new device type states its own);
-* optionally ``describe_device()``: ``{"device": …, "driver": …}`` for the environment fingerprint,
-  where the suite has no reader for the device type;
+* optionally ``describe_device()``: ``{"device": …, "driver": …, "device_generation": …}`` for the
+  environment fingerprint, where the suite has no reader for the device type (the generation is what a
+  waiver's ``devices`` scope matches: docs/waivers.md);
 * ``generation_engine``: how the end-to-end cases run on it: ``"decoder"`` (the suite's small decoder,
   every LoRA delta through the wrapper methods above) or ``"vllm"`` (the installed vLLM engine,
   ``LLM(enable_lora=True)``, on the target's device).
