@@ -24,6 +24,7 @@ from conformance.ops import Level
 from conformance.record import CaseResult
 from conformance.verdict import FailureKind, Outcome
 from conformance.verdict.failure_kind import ordered
+from conformance.verdict.judge import json_number
 
 from .adapters import Adapter
 from .cases import DENSE_MODEL, MAX_NEW_TOKENS, TOP_K, E2ECase
@@ -109,7 +110,8 @@ class E2EResult(CaseResult):
         if self.max_logprob_error is None:
             return None
         bound = GENERATION_TOLERANCES[self.case.dtype].logprob_error
-        return {"max_logprob_error": self.max_logprob_error, "budget_ratio": self.max_logprob_error / bound}
+        # an infinite error (a token the target gave no probability) as the text "inf": results.json is JSON
+        return {"max_logprob_error": json_number(self.max_logprob_error), "budget_ratio": json_number(self.max_logprob_error / bound)}
 
 
 class E2EReferee:

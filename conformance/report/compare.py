@@ -31,6 +31,7 @@ from conformance.e2e.cases import KINDS
 from conformance.ops import Level
 from conformance.report.merge import MergeError, read_document
 from conformance.verdict import Outcome
+from conformance.verdict.judge import number_from_json
 
 MISSING = "missing"  # an expected case without a result in that run (killed run, missing shard)
 OUTCOMES = (*(outcome.value for outcome in Outcome), MISSING)  # the order of counts and badges
@@ -208,8 +209,7 @@ def _unsupported_by_some(case: dict, labels: list[str]) -> bool:
 
 
 def _ratio(record: dict | None) -> float | None:
-    value = ((record or {}).get("measurement") or {}).get("budget_ratio")
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+    return number_from_json(((record or {}).get("measurement") or {}).get("budget_ratio"))
 
 
 def _case_detail(case: dict, labels: list[str]) -> dict:
@@ -299,8 +299,8 @@ def closer_to_reference(cases: list[dict], labels: list[str]) -> dict:
             ties += 1
 
     def median(label: str, field: str) -> float | None:
-        values = [(case["records"][label].get("measurement") or {}).get(field) for case in both_pass]
-        found = quantiles([float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))])
+        values = [number_from_json((case["records"][label].get("measurement") or {}).get(field)) for case in both_pass]
+        found = quantiles([v for v in values if v is not None])
         return found["median"] if found else None
 
     medians = {field: {label: median(label, field) for label in labels} for field in ("budget_ratio", "max_abs_error", "sqnr_db")}

@@ -40,6 +40,7 @@ from conformance.report.coverage import HEADLINE, document_coverage
 from conformance.text import TRACEBACK_LIMIT, safe_text
 from conformance.verdict import Outcome
 from conformance.verdict.bit_differences import BitDifferences
+from conformance.verdict.judge import number_from_json
 
 # Outcome → (css class, background colour). Order is the order of the legend and of a cell's badges.
 OUTCOME_STYLE = {
@@ -541,8 +542,8 @@ def _quantile(values: list[float], q: float) -> float:
 def _budget_plot(results: list[dict]) -> str:
     per_op: dict[str, list[tuple[float, str]]] = defaultdict(list)
     for result in results:
-        ratio = (result.get("measurement") or {}).get("budget_ratio")
-        if ratio is None or (isinstance(ratio, float) and math.isnan(ratio)):
+        ratio = number_from_json((result.get("measurement") or {}).get("budget_ratio"))
+        if ratio is None:
             continue
         x = LOG_MAX if ratio == math.inf else (LOG_MIN if ratio <= 0 else math.log10(ratio))
         per_op[result["op"]].append((min(max(x, LOG_MIN), LOG_MAX), result["outcome"]))

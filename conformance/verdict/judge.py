@@ -35,6 +35,20 @@ from .systematic import DeltaBias, correctly_rounded, delta_bias, row_groups
 from .tolerances import systematic_threshold_for, tolerance_for
 
 
+def json_number(value: float | None) -> float | str | None:
+    """A number as results.json holds it: finite ones as numbers, inf/-inf/nan as their text (JSON has none)."""
+    return value if value is None or (value == value and abs(value) != float("inf")) else str(value)
+
+
+def number_from_json(value) -> float | None:
+    """What :func:`json_number` wrote, as a float (``"inf"`` → inf); None for None, NaN or anything else."""
+    if isinstance(value, str) and value in ("inf", "-inf"):
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return float(value)
+
+
 @dataclass(frozen=True)
 class Measurement:
     max_abs_error: float
@@ -63,10 +77,7 @@ class Measurement:
     bit_differences: tuple[BitDifferences, ...] = ()
 
     def to_json(self) -> dict:
-        def plain(value):
-            return value if value is None or (value == value and abs(value) != float("inf")) else str(value)
-
-        numbers = {f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name != "bit_differences"}
+        numbers = {f.name: json_number(getattr(self, f.name)) for f in fields(self) if f.name != "bit_differences"}
         return {**numbers, "bit_differences": [entry.to_json() for entry in self.bit_differences]}
 
 

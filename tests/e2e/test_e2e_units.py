@@ -341,3 +341,20 @@ def test_smoke_is_a_subset_and_standard_has_every_kind_and_dtype():
     assert {c.dtype for c in standard} == {"float32", "bfloat16", "float16"}
     assert (len(standard), len(smoke)) == (69, 9)  # dense 36 + MoE 18 + packed5 12 + token classifier 3; smoke dense 5 + MoE 2 + packed5 2
     assert len({c.case_id for c in standard}) == len(standard)
+
+
+def test_an_infinite_logprob_error_is_written_as_valid_json():
+    """A token the target gave no probability makes the error infinite: results.json must stay JSON (no Infinity)."""
+    import json
+    import math
+
+    from conformance.e2e.cases import e2e_cases
+    from conformance.e2e.referee import E2EResult
+    from conformance.verdict import Outcome
+    from conformance.verdict.judge import number_from_json
+
+    case = e2e_cases("smoke")[0]
+    record = E2EResult(case.case_id, case, Outcome.FAIL, "a token with no probability", max_logprob_error=math.inf).to_json()
+    text = json.dumps(record, allow_nan=False)  # raises on a non-finite float
+    assert json.loads(text)["measurement"] == {"max_logprob_error": "inf", "budget_ratio": "inf"}
+    assert number_from_json("inf") == math.inf and number_from_json("nan") is None and number_from_json(0.5) == 0.5

@@ -24,6 +24,7 @@ from test_report import SYNTHETIC, document, parse, result
 from conformance.cli import main as cli_main
 from conformance.report.compare import CompareError, compare_documents, first_difference
 from conformance.report.compare_html import write_compare_html
+from conformance.verdict.judge import number_from_json
 
 ROOT = Path(__file__).resolve().parents[2]
 # kernel and wrapper ops the cpu target runs (with known failures), one it does not support (MoE), and the
@@ -93,7 +94,9 @@ def test_compare_json_counts_each_runs_outcomes_and_names_the_cases_that_differ(
         for target, run in documents.items():
             mine = [r for r in run["results"] if (r["op"], r["dtype"]) == (op, dtype)]
             assert cell["runs"][target]["counts"] == dict(Counter(r["outcome"] for r in mine))
-            ratios = sorted(r["measurement"]["budget_ratio"] for r in mine if (r.get("measurement") or {}).get("budget_ratio") is not None)
+            # as results.json writes them: an infinite ratio (an end-to-end token given no probability) as "inf"
+            ratios = sorted(number_from_json(r["measurement"]["budget_ratio"]) for r in mine
+                            if number_from_json((r.get("measurement") or {}).get("budget_ratio")) is not None)
             spread = cell["runs"][target]["budget_ratio"]
             if ratios:
                 assert (spread["n"], spread["min"], spread["max"]) == (len(ratios), ratios[0], ratios[-1])
