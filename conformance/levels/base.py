@@ -21,6 +21,7 @@ from typing import Any
 from conformance.digest import json_digest
 from conformance.isolation import Breakdown, TargetLoadError
 from conformance.levels.context import LevelContext
+from conformance.query import file_name
 from conformance.record import CaseResult
 from conformance.targets.facts import TargetFacts
 from conformance.verdict import FailureKind, Outcome
@@ -98,7 +99,7 @@ class CaseKind:
     def after_failure(self, context: LevelContext, result: CaseResult, values: Any = None) -> dict | None:
         """For a failing, broken or known-failing result: set its ``repro`` (and ``replay``); return the
         record's ``shrunk`` entry where the kind shrinks failures. By default the repro reruns the one test, on the
-        target as the run was given it, into the run's report dir (``LevelContext.repro_options``)."""
+        target as the run was given it, into a directory of its own under the run's report dir (``LevelContext.repro_options``)."""
         result.repro = (f"pytest {shlex.quote(context.test_node_id(result.case_id))} --target={shlex.quote(context.target_name)}"
-                        + (f" --seed={context.seed}" if context.seed else "") + f" {context.repro_options()}")
+                        + (f" --seed={context.seed}" if context.seed else "") + f" {context.repro_options(file_name(result.case_id))}")
         return None

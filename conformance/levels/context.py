@@ -25,6 +25,9 @@ def _nothing_provided(what: str) -> Callable[[], Any]:
     return refuse
 
 
+REPLAYED_DIR = "replayed"  # under a run's report dir: where its repro lines write their replays' reports
+
+
 @dataclass(frozen=True)
 class LevelContext:
     """The run's settings a level reads, and the providers of where the target runs (each made once, on first use)."""
@@ -62,10 +65,12 @@ class LevelContext:
         return journal.node_id(case_id)
 
     def repro_command(self, replay_path: Path) -> str:
-        """The command that reruns one replay file alone, into this run's report dir (:meth:`repro_options`)."""
-        return f"pytest conformance --target={shlex.quote(self.target_name)} --replay {shlex.quote(str(replay_path))} {self.repro_options()}"
+        """The command that reruns one replay file alone, into a directory of this run's report dir (:meth:`repro_options`)."""
+        return (f"pytest conformance --target={shlex.quote(self.target_name)} --replay {shlex.quote(str(replay_path))} "
+                f"{self.repro_options(Path(replay_path).stem)}")
 
-    def repro_options(self) -> str:
-        """What every repro carries besides the target: ``--report-dir`` this run's report dir, so a replay
-        lands next to the run's report, not in ``reports/<target>`` (quoted for the shell)."""
-        return f"--report-dir {shlex.quote(str(self.report_dir))}"
+    def repro_options(self, name: str) -> str:
+        """What every repro carries besides the target: ``--report-dir`` a directory of its own under this run's
+        report dir (``replayed/<name>``, quoted for the shell), so a replay lands beside the run's report, not in
+        ``reports/<target>``, and never replaces the run's results.json, report.html and journals."""
+        return f"--report-dir {shlex.quote(str(self.report_dir / REPLAYED_DIR / name))}"

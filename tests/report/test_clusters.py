@@ -274,7 +274,7 @@ def test_vllm_cpu_without_expectations_fails_with_one_distinct_problem(cpu_run):
     assert set(cluster["levels"]) == {"kernel", "wrapper"} and set(cluster["dtypes"]) == {"float32", "float16", "bfloat16"}
     assert all(r["cluster"] == 1 for r in failing) and not any("cluster" in r for r in results["results"] if r["outcome"] != "fail")
     smallest = cluster["smallest"]
-    assert smallest["repro"] == f"pytest conformance --target=cpu --replay {smallest['replay']} --report-dir {report_dir}"
+    assert smallest["repro"] == f"pytest conformance --target=cpu --replay {smallest['replay']} --report-dir {report_dir}/replayed/{Path(smallest['replay']).stem}"
     assert Path(smallest["replay"]).is_file()
     html = (report_dir / "report.html").read_text()
     assert "1 distinct problem in" in html and html.index("1 distinct problem") < html.index('id="failures"')
@@ -312,4 +312,4 @@ def test_with_shrink_a_clusters_smallest_case_is_the_shrunk_one(tmp_path):
     [cluster] = results["clusters"]
     smallest = cluster["smallest"]
     assert smallest["shrunk"] and smallest["replay"].endswith(".shrunk.json") and smallest["shape"].startswith("1 sequence, 1 token")
-    assert smallest["repro"] == f"pytest conformance --target=cpu --replay {smallest['replay']} --report-dir {tmp_path}"
+    assert smallest["repro"] == f"pytest conformance --target=cpu --replay {smallest['replay']} --report-dir {tmp_path}/replayed/{Path(smallest['replay']).stem}"

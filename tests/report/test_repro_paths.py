@@ -39,20 +39,22 @@ def test_a_repro_replays_into_the_runs_report_dir_and_no_written_path_holds_a_co
     assert "target fault-scale-twice, profile smoke" in completed.stdout  # the verdict's summary: the short name
     [failed] = json.loads((report_dir / "results.json").read_text())["results"]
     assert ":" in failed["id"] and failed["shrunk"], failed
-    options = f"--report-dir {shlex.quote(str(report_dir))}"
+    replayed_dir = report_dir / "replayed" / Path(failed["shrunk"]["replay"]).stem  # a directory of its own in the run's
+    options = f"--report-dir {shlex.quote(str(report_dir / 'replayed' / Path(failed['replay']).stem))}"
     assert failed["repro"].splitlines()[0] == f"pytest conformance --target={TARGET} --replay {shlex.quote(failed['replay'])} {options}"
-    assert failed["shrunk"]["repro"].endswith(options) and failed["shrunk"]["repro"] in failed["repro"]
+    assert failed["shrunk"]["repro"].endswith(f"--report-dir {shlex.quote(str(replayed_dir))}") and failed["shrunk"]["repro"] in failed["repro"]
     written = written_paths(report_dir)
     assert "replays" in written and any(path.endswith(".shrunk.json") for path in written)
     assert not [path for path in written if ":" in path or ";" in path], written
 
-    # the repro as a user pastes it: the replay's results land in the run's report dir
+    # the repro as a user pastes it: the replay's results land in the run's report dir, beside its report
     command = shlex.split(failed["shrunk"]["repro"])
-    assert command[:2] == ["pytest", "conformance"] and command[-2:] == ["--report-dir", str(report_dir)]
-    (report_dir / "results.json").unlink()
+    assert command[:2] == ["pytest", "conformance"] and command[-2:] == ["--report-dir", str(replayed_dir)]
+    run_report = (report_dir / "results.json").read_text()
     replayed = conformance(*command[2:], report_dir=tmp_path / "overridden by the repro's own")
     assert replayed.returncode == 1, replayed.stdout[-3000:] + replayed.stderr[-3000:]
-    [again] = json.loads((report_dir / "results.json").read_text())["results"]
+    assert (report_dir / "results.json").read_text() == run_report  # the run's own report is left as it was
+    [again] = json.loads((replayed_dir / "results.json").read_text())["results"]
     assert again["id"] == f"{failed['id']}.shrunk" and again["outcome"] == "fail"
     assert not (tmp_path / "overridden by the repro's own").exists()
     assert not [path for path in written_paths(report_dir) if ":" in path or ";" in path]
@@ -73,6 +75,6 @@ def test_a_levels_default_repro_carries_the_report_dir_quoted():
     CaseKind().after_failure(context, result)
     assert shlex.split(result.repro) == [
         "pytest", f"conformance/test_cases.py::test_case[{case_id}]", "--target=acme.kernels:AcmeTarget", "--seed=3",
-        "--report-dir", "reports/it's here",
+        "--report-dir", f"reports/it's here/replayed/{file_name(case_id)}",
     ]
-    assert context.repro_command(Path("reports/it's here/replays/x.json")).endswith("--report-dir 'reports/it'\"'\"'s here'")
+    assert shlex.split(context.repro_command(Path("reports/it's here/replays/x.json")))[-2:] == ["--report-dir", "reports/it's here/replayed/x"]

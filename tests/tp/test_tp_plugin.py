@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conformance.query import file_name
+
 ROOT = Path(__file__).resolve().parents[2]
 FAULT = "--target=tp_fault_targets:ShrinksOnlyRankZero"
 
@@ -41,10 +43,11 @@ def test_a_rank_fault_fails_the_gate_and_its_repro_reruns_that_one_case(tmp_path
     first = failed[0]
     command = shlex.split(first["repro"])
     assert command[:2] == ["pytest", f"conformance/test_cases.py::test_case[{first['id']}]"]
-    assert command[-2:] == ["--report-dir", str(tmp_path / "run")]  # the rerun lands next to the run's report
+    replayed = tmp_path / "run" / "replayed" / file_name(first["id"])
+    assert command[-2:] == ["--report-dir", str(replayed)]  # the rerun lands beside the run's report, not over it
     rerun = pytest_run(*command[1:], report_dir=tmp_path / "repro")  # the repro's own --report-dir comes last: it wins
     assert rerun.returncode == 1, rerun.stdout[-2000:]
-    [again] = records(tmp_path / "run")
+    [again] = records(replayed)
     assert (again["id"], again["outcome"], again["message"]) == (first["id"], "fail", first["message"])
 
 
