@@ -22,10 +22,11 @@ refuses, naming both torch versions, rather than judge other inputs under the li
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from conformance.digest import sha256
 
 FORMAT = 1
 CASELISTS_DIR = Path(__file__).parent
@@ -81,10 +82,7 @@ def entry_line(entry: CaselistEntry) -> str:
 
 
 def lines_digest(lines: list[str]) -> str:
-    hasher = hashlib.sha256()
-    for line in lines:
-        hasher.update(line.encode() + b"\n")
-    return "sha256:" + hasher.hexdigest()
+    return sha256("".join(line + "\n" for line in lines).encode())
 
 
 def released_caselists() -> dict[str, Path]:

@@ -72,9 +72,7 @@ import datetime as _dt
 import enum
 import fnmatch
 import functools
-import hashlib
 import importlib.metadata
-import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
@@ -89,6 +87,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from conformance.cases.features import FEATURE_DOCS
+from conformance.digest import json_digest
 from conformance.query import Query, QueryError, matching, parse_query
 from conformance.verdict import FailureKind, Outcome
 
@@ -245,8 +244,7 @@ class KnownFailure:
     def digest(self) -> str:
         """``sha256:<hex>`` of :meth:`canonical` as JSON with sorted keys: the same entry always gives the same
         digest, wherever it is loaded from; any change to any field gives another."""
-        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+        return json_digest(self.canonical())
 
     def to_json(self) -> dict:
         record = {"id": self.id, "reason": self.reason, "upstream": list(self.upstream), "expires": self.expires.isoformat(),
