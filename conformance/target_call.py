@@ -124,11 +124,18 @@ def execute(spec: OpSpec, case: Case, values: Tensors, impl, device: torch.devic
     referee's own runs of the golden reference, which never writes its inputs: a target always gets copies).
     """
     if spec.level == Level.WRAPPER and update_metadata:
-        impl.update_metadata(case_mapping(case))
+        give_metadata(impl, case)
     handed, call = prepare(spec, case, values, device, outputs_only=outputs_only)
-    getattr(impl, spec.name)(*call.args, **call.kwargs)
-    impl.synchronize()
+    with impl.call_context(spec.name):  # the target's framework entered around the call and its wait (Target.call_context)
+        getattr(impl, spec.name)(*call.args, **call.kwargs)
+        impl.synchronize()
     return {name: tensor.cpu() for name, tensor in handed.items()}
+
+
+def give_metadata(impl, case: Case) -> None:
+    """``impl.update_metadata`` of the case's mapping, inside ``impl.call_context("update_metadata")``."""
+    with impl.call_context("update_metadata"):
+        impl.update_metadata(case_mapping(case))
 
 
 def call_target(target, case: Case, values: Tensors, runs: int = DEFAULT_RUNS) -> TargetCall:
@@ -143,7 +150,7 @@ def call_target(target, case: Case, values: Tensors, runs: int = DEFAULT_RUNS) -
     started = time.perf_counter()
     try:
         if spec.level == Level.WRAPPER:
-            target.update_metadata(case_mapping(case))  # once: every call below runs on this state
+            give_metadata(target, case)  # once: every call below runs on this state
         for run in range(runs):
             outcome.raised_in = run
             outcome.runs.append(execute(spec, case, values, target, target.device, update_metadata=False))

@@ -13,6 +13,9 @@ A target is a plain Python class (no pytest, no reports), so a vendor can also d
   ``conformance.ops.OP_SPECS`` is the list; ``python -m conformance.targets ops-table ops`` prints it
   (docs/targets.md embeds it, with every op's arguments);
 * ``synchronize()``: wait for the device before outputs are read;
+* ``call_context(op)``: the context manager the op level enters around each call of an op (and of
+  ``update_metadata``) in the worker, for a framework that must be entered to run (an interop layer's
+  environment, a device scope); default: none;
 * ``device_traits()`` (classmethod): the visible-devices variable and ``torch.distributed`` backend of
   its device type (built in for cpu, cuda and hpu; a new device type states its own);
 * optionally ``describe_device()``: ``{"device": …, "driver": …, "device_generation": …}`` for the
@@ -27,6 +30,7 @@ An op a target does not define is "not supported".
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -101,3 +105,10 @@ class Target:
 
     def synchronize(self) -> None:
         """Wait until queued device work is done (no-op on the CPU)."""
+
+    def call_context(self, op: str) -> AbstractContextManager:
+        """The context the worker enters around each call of ``op`` (a suite op's name, or ``"update_metadata"``),
+        the ``synchronize()`` after it included; entered afresh per call (``conformance.target_call.execute``).
+        Override to enter your framework's context (``torchax.default_env()``, a device scope) there instead of
+        in every op. Default: a null context."""
+        return nullcontext()
