@@ -21,6 +21,13 @@ A target is a plain Python class (no pytest, no reports), so a vendor can also d
 * optionally ``describe_device()``: ``{"device": …, "driver": …, "device_generation": …}`` for the
   environment fingerprint, where the suite has no reader for the device type (the generation is what a
   waiver's ``devices`` scope matches: docs/waivers.md);
+* serving (the ``serving`` level, ``docs/serving.md``): ``start_serving(capacity)`` builds once what every
+  later step writes into (a persistent wrapper sized to ``capacity``, a
+  :class:`conformance.targets.capture.ServingCapacity`); ``capture(step)`` records one step and returns what
+  replays it, or ``None`` when the target runs every step eagerly; ``serving_padding`` says what its
+  ``update_metadata`` takes for a batch padded to a captured size (``"explicit"``: the mapping covers the
+  padded rows, with no adapter, as vllm-gaudi's runner builds it; ``"real-rows"``: only the real tokens,
+  the op then gets more rows than the mapping, as vLLM's GPU runner calls it);
 * ``generation_engine``: how the end-to-end cases run on it: ``"decoder"`` (the suite's small decoder,
   every LoRA delta through the wrapper methods above) or ``"vllm"`` (the installed vLLM engine,
   ``LLM(enable_lora=True)``, on the target's device).
@@ -40,6 +47,7 @@ from conformance.targets.device_traits import DeviceTraits
 
 if TYPE_CHECKING:
     from conformance.cases import Case
+    from conformance.targets.capture import ServingCapacity, Step
 
 # The built-in ops of each level, derived from the op specs (conformance.ops); code that must also see
 # ops registered later asks conformance.ops.ops_at(level) instead.
@@ -101,6 +109,19 @@ class Target:
             return self.not_implemented_reason(case.op)
         if case.torch_dtype not in self.dtypes:
             return f"{self.name} does not support {case.dtype}"
+        return None
+
+    # What update_metadata takes for a batch padded to a captured size (see the module docstring).
+    serving_padding: ClassVar[str] = "explicit"
+
+    def start_serving(self, capacity: ServingCapacity) -> None:
+        """Build, once, the state every later step of a serving sequence writes into (default: none: a target
+        whose ``update_metadata`` keeps nothing across batches serves as it is)."""
+
+    def capture(self, step: Step) -> Step | None:
+        """Record ``step`` (which reads and writes only tensors that outlive it) and return what replays it;
+        ``None``: this target runs every step eagerly (the report says so). ``conformance.targets.capture``
+        has CUDA graphs, HPU graphs and the CPU emulation."""
         return None
 
     def synchronize(self) -> None:
