@@ -161,7 +161,7 @@ def judge_run(spec: OpSpec, case: Case, values: Tensors, expected: Tensors, afte
     if spec.check is not None:
         return _checked_run(spec, case, values, after, changed, changed_kind, bit_level_notes(input_bits))
     verdict = judge(after[spec.output], oracle.output, oracle.baseline, values[spec.output], spec.written_mask(case),
-                    oracle.delta, oracle.magnitude)
+                    oracle.delta, oracle.magnitude, rounding_dtype=case.torch_dtype if spec.delta_in_case_dtype else None)
     measurement = verdict.measurement
     if measurement is not None and input_bits:
         measurement = replace(measurement, bit_differences=measurement.bit_differences + input_bits)

@@ -71,6 +71,11 @@ class Case:
     fp8_scales: str = ""  # "" | tensor | channel | block
     group_k: int = 0  # block scales only: the contraction elements one scale covers
     group_n: int = 0  # block scales only: the output features one scale covers
+    # vLLM 0.34 (docs/vllm-lora-ops.md §9). Left out of the JSON when default, like the fields above.
+    logits_per_seq: tuple[int, ...] = ()  # logits rows per sequence (spec decode: 1 + its draft tokens); () = one each
+    absent_slices: tuple[tuple[int, int], ...] = ()  # (slot, slice): the adapter lacks that packed sub-module (zeros)
+    repeated_slices: tuple[int, ...] = ()  # per slice, the sub-module whose weights it holds (Gemma 4: 0, 1, 1); () = its own
+    embed_scale: float = 0.0  # the embedding's embed_scale folded into LoRA-B (scaled_embedding_lora); 0 = none
 
     def __post_init__(self) -> None:
         problems = []
@@ -100,6 +105,8 @@ class Case:
             problems += self._layout_problems()
         if self.fp8_scales or self.group_k or self.group_n:
             problems += self._fp8_problems()
+        if self.logits_per_seq or self.absent_slices or self.repeated_slices or self.embed_scale:
+            problems += self._v034_problems()
         if problems:
             raise ValueError("invalid case: " + "; ".join(problems))
 
@@ -144,6 +151,21 @@ class Case:
         if block != (self.group_k > 0 and self.group_n > 0) or (not block and (self.group_k or self.group_n)):
             return [f"group_k and group_n ({self.group_k}, {self.group_n}) must both be > 0 for block scales and 0 otherwise"]
         return []
+
+    def _v034_problems(self) -> list[str]:
+        problems = []
+        if self.logits_per_seq and (len(self.logits_per_seq) != len(self.seq_lens) or min(self.logits_per_seq) < 1):
+            problems.append(f"logits_per_seq {self.logits_per_seq} must give ≥ 1 logits row for each of the {len(self.seq_lens)} sequences")
+        if any(not (0 <= slot < self.num_slots and 0 <= s < self.num_slices) for slot, s in self.absent_slices):
+            problems.append(f"absent_slices {self.absent_slices} name a (slot, slice) outside the {self.num_slots} slots × {self.num_slices} slices")
+        if self.repeated_slices:
+            if len(self.repeated_slices) != self.num_slices or any(not 0 <= j <= s for s, j in enumerate(self.repeated_slices)):
+                problems.append(f"repeated_slices {self.repeated_slices} must name, for each of the {self.num_slices} slices, itself or an earlier slice")
+            elif any(self.output_slices[s] != self.output_slices[j] for s, j in enumerate(self.repeated_slices)):
+                problems.append(f"a repeated slice is as wide as the one it repeats: repeated_slices {self.repeated_slices}, widths {self.output_slices}")
+        if self.embed_scale < 0:
+            problems.append(f"embed_scale must be > 0 (or 0: none), got {self.embed_scale}")
+        return problems
 
     # -- derived structure -------------------------------------------------------------------
 
@@ -193,8 +215,12 @@ class Case:
 
     @property
     def sampled_slots(self) -> tuple[int, ...]:
-        """One sampled row per sequence (its last token), as the logits op sees them."""
-        return self.seq_slots
+        """The slot of each logits row: one per sequence (its last token), or under speculative decoding
+        (``logits_per_seq``) 1 + its draft tokens, every row of a sequence with its adapter (vLLM 0.34's
+        ``LoraState.make_lora_inputs``: ``lora_ids.repeat(num_logits)``)."""
+        if not self.logits_per_seq:
+            return self.seq_slots
+        return tuple(slot for slot, n in zip(self.seq_slots, self.logits_per_seq) for _ in range(n))
 
     @property
     def num_slices(self) -> int:
@@ -264,7 +290,9 @@ class Case:
         return cls(**fields)
 
 
-_LEFT_OUT_WHEN_DEFAULT = frozenset({"seq_starts", "num_rows", "fp8_scales", "group_k", "group_n"})
+_LEFT_OUT_WHEN_DEFAULT = frozenset({
+    "seq_starts", "num_rows", "fp8_scales", "group_k", "group_n", "logits_per_seq", "absent_slices", "repeated_slices", "embed_scale",
+})  # fmt: skip
 
 
 def _tuples(value: list) -> tuple:

@@ -16,6 +16,10 @@ from __future__ import annotations
 from .case import FP8_SCALES, ODD_HIDDEN_SIZES, REAL_HIDDEN_SIZES, Case
 
 LARGE_T = 1024
+# vLLM 0.34's fused_moe_lora runs its one-shot kernel for more than 64 tokens (FUSED_MOE_LORA_TWO_KERNEL_MAX_TOKENS,
+# vllm/lora/ops/triton_ops/utils.py) at a rank ≤ 128 (_FUSED_MOE_LORA_ONE_SHOT_MAX_RANK, fused_moe_lora_op.py), else two
+ONE_SHOT_MAX_TOKENS, ONE_SHOT_MAX_RANK = 64, 128
+TMA_ALIGNMENT = 16  # bytes: vLLM 0.34's fused_moe_lora takes its TMA path only when max_lora_rank · element size is a multiple
 LONG_BATCH = 2048  # rows of one call above which a kernel gridded or tiled for 2,048 rows breaks
 
 FEATURE_DOCS = {
@@ -79,6 +83,20 @@ FEATURE_DOCS = {
     # the tensor-parallel MoE LoRA layer (conformance/tp/moe_case.py; docs/tensor-parallel.md)
     "moe_tp": "an MoE LoRA layer (w13 or w2) split over tensor-parallel ranks, add_lora_w13/add_lora_w2 on every rank",
     "padded_intermediate": "tensor-parallel MoE: each rank's intermediate size padded past its shard (vLLM 0.33 strides by the unpadded size)",
+    # vLLM 0.34 (docs/vllm-lora-ops.md §9)
+    "moe_oneshot_boundary": f"fused_moe_lora at the edge of its one-shot kernel (vLLM 0.34: tokens > {ONE_SHOT_MAX_TOKENS} and rank ≤ "
+    f"{ONE_SHOT_MAX_RANK}): {ONE_SHOT_MAX_TOKENS} or {ONE_SHOT_MAX_TOKENS + 1} tokens at a rank ≤ {ONE_SHOT_MAX_RANK}, or rank "
+    f"{ONE_SHOT_MAX_RANK} or {ONE_SHOT_MAX_RANK + 1} above {ONE_SHOT_MAX_TOKENS} tokens",
+    "tma_unaligned_rank": "fused_moe_lora with max_lora_rank × element size no multiple of 16 bytes (vLLM 0.34 takes its TMA path "
+    "only when it is): an odd rank, or one no multiple of 8, in fp16/bf16",
+    "grouped_lora_a": "head groups sharing one LoRA-A, each group its own LoRA-B (vLLM 0.34's DeepseekV4GroupedWoAWithLoRA)",
+    "fp32_output": "a float32 base output; the delta built in a zeroed buffer of the LoRA dtype and added (vLLM 0.34's "
+    "DeepseekV4CompressorKVScoreWithLoRA)",
+    "partial_packed": "an adapter lacking some of a packed layer's sub-modules serves a row: those slices zero, the others its own "
+    "(vLLM 0.34's expand_packed_lora)",
+    "packed_override": "a packed slice holding another slice's sub-module (a per-layer lora_packed_modules override: Gemma 4's [q, k, k])",
+    "embed_scale": "the embedding's embed_scale folded into LoRA-B (vLLM 0.34's VocabParallelEmbeddingWithLoRA.set_lora)",
+    "spec_decode_logits": "speculative decoding: a request with 1 + draft tokens logits rows, each with the request's adapter",
 }
 
 
@@ -141,11 +159,32 @@ def case_features(case: Case) -> frozenset[str]:
         **{f"fp8_{scales}": case.fp8_scales == scales for scales in FP8_SCALES},
         **_layout_features(case),
     }
+    found.update(_v034_features(case, used))
     if case.is_moe:
         found.update(_routing_features(case, used))
     elif _reads(case, "module_enabled"):  # the classification heads: disabled slots are heads that were not saved
         found.update(_head_features(case))
     return frozenset(name for name, present in found.items() if present and (used or name in BATCH_FEATURES))
+
+
+def _v034_features(case: Case, served: frozenset[int]) -> dict[str, bool]:
+    """vLLM 0.34's corners: the fused-MoE kernel's dispatch, the packed slices an adapter fills, the logits rows of
+    speculative decoding, and the layers of their own ops (read off the op: nothing else of the case says it)."""
+    fused = case.is_moe and not case.fp8_scales and _reads(case, "add_inputs")  # the ops that run fused_moe_lora
+    tokens, rank = case.num_tokens, case.max_rank
+    absent = {slot for slot, _ in case.absent_slices} & served
+    return {
+        "moe_oneshot_boundary": fused and ((tokens in (ONE_SHOT_MAX_TOKENS, ONE_SHOT_MAX_TOKENS + 1) and rank <= ONE_SHOT_MAX_RANK)
+                                           or (rank in (ONE_SHOT_MAX_RANK, ONE_SHOT_MAX_RANK + 1) and tokens > ONE_SHOT_MAX_TOKENS)),
+        "tma_unaligned_rank": fused and rank * case.torch_dtype.itemsize % TMA_ALIGNMENT != 0,
+        # a slot that lacks a slice but has another: a wholly absent adapter is a slot without weights
+        "partial_packed": any(sum(1 for slot, _ in case.absent_slices if slot == s) < case.num_slices for s in absent),
+        "packed_override": any(j != s for s, j in enumerate(case.repeated_slices)),
+        "spec_decode_logits": any(n > 1 and slot in served for n, slot in zip(case.logits_per_seq, case.seq_slots)),
+        "embed_scale": case.embed_scale > 0,
+        "grouped_lora_a": case.op == "grouped_lora_linear" and case.num_slices > 1,
+        "fp32_output": case.op == "fp32_output_lora_linear",
+    }
 
 
 def _layout_features(case: Case) -> dict[str, bool]:

@@ -105,6 +105,15 @@ _KNOBS = (
     Knob("fp8_scales", "fp8 e4m3fn operands (±448) and the granularity of their scales: per tensor, per token and channel, "
          "or per group_k × group_n block", ("fp8_scales", "group_k", "group_n"), {"fp8_scales": "", "group_k": 0, "group_n": 0},
          features=("fp8_tensor", "fp8_channel", "fp8_block")),
+    # vLLM 0.34 (docs/vllm-lora-ops.md §9)
+    Knob("spec_decode", "speculative decoding: 1 + draft tokens logits rows per request, each with the request's adapter",
+         ("logits_per_seq",), {"logits_per_seq": ()}, features=("spec_decode_logits",)),
+    Knob("packed", "packed slices as an adapter fills them: a sub-module it lacks (zero), or a slice repeating another "
+         "sub-module's weights (a per-layer lora_packed_modules override, Gemma 4's [q, k, k])",
+         ("absent_slices", "repeated_slices"), {"absent_slices": (), "repeated_slices": ()},
+         features=("partial_packed", "packed_override")),
+    Knob("embed_scale", "the embedding's embed_scale folded into LoRA-B when the adapter is set", ("embed_scale",),
+         {"embed_scale": 0.0}, features=("embed_scale",)),
 )  # fmt: skip
 
 KNOBS: dict[str, Knob] = {knob.name: knob for knob in _KNOBS}

@@ -130,6 +130,21 @@ class Family:
         """``(Case.group_k, Case.group_n)`` of an fp8 case: 0, 0 but for block scales."""
         return 0, 0
 
+    # -- vLLM 0.34's corners, drawn last and only by their own families: every other case draws as it did --
+
+    def logits_per_seq(self, draw, seq_slots: tuple[int, ...]) -> tuple[int, ...]:
+        """``Case.logits_per_seq``: ``()``, one logits row per sequence."""
+        return ()
+
+    def packed_slices(self, draw, slices: tuple[int, ...], seq_slots: tuple[int, ...]) -> tuple[tuple[int, ...], tuple, tuple]:
+        """``(output_slices, Case.absent_slices, Case.repeated_slices)``: the slices as drawn, every slot holding
+        each slice's own sub-module."""
+        return slices, (), ()
+
+    def embed_scale(self, draw) -> float:
+        """``Case.embed_scale``: 0, no scale folded."""
+        return 0.0
+
     # -- the optional features: off unless the family turns them on ------------------------------
 
     def with_offset(self, draw, spec: OpSpec) -> bool:
@@ -954,6 +969,158 @@ class Fp8Block(Fp8Scales):
         return below(k), below(n)
 
 
+# -- vLLM 0.34 (docs/vllm-lora-ops.md §9): fused_moe_lora's dispatch, its new layers, packed adapters, spec decode --
+
+# FUSED_MOE_LORA_TWO_KERNEL_MAX_TOKENS (vllm/lora/ops/triton_ops/utils.py) and _FUSED_MOE_LORA_ONE_SHOT_MAX_RANK
+# (fused_moe_lora_op.py): the one-shot kernel serves more than 64 tokens at a rank ≤ 128
+ONE_SHOT_MAX_TOKENS, ONE_SHOT_MAX_RANK = 64, 128
+
+
+class MoEOneShotFamily(MoEFamily):
+    """vLLM 0.34's ``_fused_moe_lora`` runs one fused kernel for more than 64 tokens at a rank ≤ 128 and the
+    shrink and expand kernels otherwise: a port that copies the dispatch with an off-by-one, or whose one path
+    is wrong, shows on one side of an edge only. Aimed at the ops that run that kernel (not the fp8 one, not
+    the alignment, judged by invariants). Small sizes otherwise: ≤ 2 slots, ≤ 4 experts, 8–32 features."""
+
+    about_values = True
+
+    def applies_to(self, spec: OpSpec, dtype: str) -> bool:
+        return super().applies_to(spec, dtype) and "add_inputs" in spec.knobs and "fp8_scales" not in spec.knobs
+
+    def num_slots(self, draw, limits: Limits) -> int:
+        return draw(st.integers(1, 2))
+
+    def num_experts(self, draw, limits: Limits) -> int:
+        return draw(st.integers(2, 4))
+
+    def affordable(self, limits, max_rank, ranks):
+        return replace(limits, max_hidden=32, max_width=32), max_rank, ranks
+
+
+class MoEOneShotTokens(MoEOneShotFamily):
+    name, doc, feature = "moe_oneshot_tokens", "fused_moe_lora at 64 or 65 tokens, rank ≤ 128 (its one-shot kernel's edge)", "moe_oneshot_boundary"
+
+    def sequence_lengths(self, draw, limits: Limits) -> tuple[int, ...]:
+        total = ONE_SHOT_MAX_TOKENS + draw(st.integers(0, 1))
+        cuts = sorted(draw(st.sets(st.integers(1, total - 1), max_size=3)))
+        return tuple(b - a for a, b in zip([0, *cuts], [*cuts, total]))
+
+    def max_rank(self, draw, limits: Limits) -> int:
+        return draw(st.sampled_from([r for r in POWER_OF_TWO_RANKS if r <= min(limits.max_rank, 16)]))
+
+
+class MoEOneShotRank(MoEOneShotFamily):
+    name, doc, feature = "moe_oneshot_rank", "fused_moe_lora at rank 128 or 129 above 64 tokens (its one-shot kernel's edge)", "moe_oneshot_boundary"
+
+    def sequence_lengths(self, draw, limits: Limits) -> tuple[int, ...]:
+        total = draw(st.integers(ONE_SHOT_MAX_TOKENS + 1, ONE_SHOT_MAX_TOKENS + 8))
+        cut = draw(st.integers(1, total - 1))
+        return (cut, total - cut)
+
+    def max_rank(self, draw, limits: Limits) -> int:
+        return ONE_SHOT_MAX_RANK + draw(st.integers(0, 1))
+
+    def steer_ranks(self, draw, ranks, served, max_rank):
+        return _serve_rank(draw, ranks, served, lambda rank: rank == max_rank, max_rank)
+
+
+class MixedSlotsFamily(Family):
+    """Rows without adapter among adapter rows (as ``neg1``), the optional features drawn freely: the families of
+    vLLM 0.34's layer ops, which aim at those ops alone (``OpSpec.families``)."""
+
+    named_only, min_seqs = True, 2
+    scaled = add_inputs = weights_4d = _draws_on
+
+    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
+        return Neg1.steer_slots(self, draw, slots, num_slots)
+
+
+class GroupedLoRAA(MixedSlotsFamily):
+    name, doc, feature = "grouped_lora_a", "2–8 head groups sharing LoRA-A, each its own LoRA-B (DeepSeek-V4's wo_a)", "grouped_lora_a"
+
+    def slice_count(self, draw, spec: OpSpec) -> int:
+        return draw(st.integers(2, spec.max_slices))
+
+    def equal_widths(self) -> bool:
+        return True  # every group is o_lora_rank wide
+
+
+class Fp32Output(MixedSlotsFamily):
+    name, doc, feature = "fp32_output", "a float32 base output, the delta in the LoRA dtype added (DeepSeek-V4's compressor)", "fp32_output"
+    dtypes = frozenset({"float16", "bfloat16"})  # a float32 LoRA rounds nothing on its way into a float32 output
+
+    def slice_count(self, draw, spec: OpSpec) -> int:
+        return spec.max_slices  # wkv and wgate
+
+
+# √hidden, Gemma's embed_scale, for hidden sizes of Gemma models (2B, Gemma 2 2B, Gemma 3 4B, 7B, Gemma 2 9B): 48 is exact
+EMBED_SCALES = tuple(hidden**0.5 for hidden in (2048, 2304, 2560, 3072, 3584))
+
+
+class EmbedScale(MixedSlotsFamily):
+    name, doc, feature = "embed_scale", "an embed_scale (√hidden, Gemma's) folded into the embedding's LoRA-B", "embed_scale"
+
+    def embed_scale(self, draw) -> float:
+        return draw(st.sampled_from(EMBED_SCALES))
+
+
+class PartialPacked(Family):
+    """vLLM 0.34's ``expand_packed_lora`` accepts an adapter without some of a packed layer's sub-modules (a None
+    group anywhere, not only the last): those slices stay zero for its slot, the others hold its weights. A port
+    that shifts the present groups into the wrong slices, or reads a stale adapter's weights for the absent one,
+    shows only where a served slot lacks a slice."""
+
+    name, doc, feature = "partial_packed", "an adapter lacking some of a packed layer's sub-modules (2–4 slices)", "partial_packed"
+    needs_knobs = frozenset({"packed"})
+    min_seqs = 2
+
+    def slice_count(self, draw, spec: OpSpec) -> int:
+        return draw(st.integers(2, min(4, spec.max_slices)))
+
+    def packed_slices(self, draw, slices, seq_slots):
+        served = sorted({slot for slot in seq_slots if slot != -1})
+        lacking = draw(st.sets(st.sampled_from(served), min_size=1))
+        absent = []
+        for slot in sorted(lacking):  # a non-empty proper subset of the slices for each: an adapter lacking all has no weights
+            gone = draw(st.sets(st.integers(0, len(slices) - 1), min_size=1, max_size=len(slices) - 1))
+            absent += [(slot, s) for s in sorted(gone)]
+        return slices, tuple(absent), ()
+
+
+class PackedOverride(Family):
+    """A per-layer ``lora_packed_modules`` (vLLM 0.34): Gemma 4's full-attention ``k_eq_v`` layers pack
+    ``[q_proj, k_proj, k_proj]``, so the v slice holds k_proj's LoRA. The v slice is as wide as the k slice."""
+
+    name, doc, feature = "packed_override", "packed slices [q, k, k]: the v slice holds k's LoRA (Gemma 4)", "packed_override"
+    needs_knobs = frozenset({"packed"})
+
+    def slice_count(self, draw, spec: OpSpec) -> int:
+        return 3
+
+    def packed_slices(self, draw, slices, seq_slots):
+        return (slices[0], slices[1], slices[1]), (), (0, 1, 1)
+
+
+class SpecDecodeLogits(Family):
+    """Speculative decoding: vLLM 0.34's model runner maps one ``lm_head`` adapter per logits row, 1 + the draft
+    tokens of each request (``LoraState.make_lora_inputs``: ``lora_ids.repeat(num_logits)``); a port indexing the
+    logits by request, or one row per request, reads the wrong adapter on the rows after a request's first."""
+
+    name, doc, feature = "spec_decode_logits", "1 + 1–4 draft tokens logits rows per request, rows without adapter among them", "spec_decode_logits"
+    needs_knobs = frozenset({"spec_decode"})
+    min_seqs = 2
+
+    def steer_slots(self, draw, slots: list[int], num_slots: int) -> list[int]:
+        return Neg1.steer_slots(self, draw, slots, num_slots)
+
+    def logits_per_seq(self, draw, seq_slots):
+        rows = draw(st.lists(st.integers(1, 5), min_size=len(seq_slots), max_size=len(seq_slots)))
+        served = [i for i, slot in enumerate(seq_slots) if slot != -1]
+        if all(rows[i] == 1 for i in served):  # a served request with drafts: else every row is a request's first
+            rows[draw(st.sampled_from(served))] = draw(st.integers(2, 5))
+        return tuple(rows)
+
+
 def _partial_size(draw, high: int) -> int:
     """A size in 17 … ``high`` (two groups of 16 at least) that is no multiple of 16, so that every block-scale group
     size (``FP8_GROUP_SIZES``, 16–128) leaves a partial last group: where a kernel's scale lookup clamps or drops."""
@@ -987,7 +1154,8 @@ FAMILIES: dict[str, Family] = {
         MoEWideTopK(), MoEManyExperts(), MoEHotExpert(), MoEDuplicateRouting(), MoEZeroWeight(), MoENonLocal(),
         MoEDisabledSlot(), MoEFullBlock(), MoESharedExperts(), MoEFusedSlice(), MoERoutedWeight(), MoENaiveBlocks(),
         ModuleDisabled(), Rank512(), LongBatch(), LongSampled(), TokenClassification(), WideClassificationHead(),
-        Fp8Tensor(), Fp8Channel(), Fp8Block(),
+        Fp8Tensor(), Fp8Channel(), Fp8Block(), MoEOneShotTokens(), MoEOneShotRank(), GroupedLoRAA(), Fp32Output(), EmbedScale(),
+        PartialPacked(), PackedOverride(), SpecDecodeLogits(),
     )
 }  # fmt: skip
 

@@ -137,6 +137,14 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
         fp8 = {"fp8_scales": family.scales, "group_k": group_k, "group_n": group_n}
     else:
         fp8 = {name: _left("fp8_scales", name) for name in ("fp8_scales", "group_k", "group_n")}
+    # vLLM 0.34's corners, drawn last and only for the ops that read them (a family that does not aim at one draws nothing)
+    v034 = {
+        "logits_per_seq": family.logits_per_seq(draw, seq_slots) if "spec_decode" in spec.knobs else _left("spec_decode"),
+        "embed_scale": family.embed_scale(draw) if "embed_scale" in spec.knobs else _left("embed_scale"),
+    }
+    if "packed" in spec.knobs:
+        packed, v034["absent_slices"], v034["repeated_slices"] = family.packed_slices(draw, slices, seq_slots)
+        slices = packed
     return Case(
         op=spec.name,
         dtype=dtype,
@@ -162,4 +170,5 @@ def cases(draw, spec: OpSpec, dtype: str, family: str, limits: Limits) -> Case:
         num_rows=num_rows,
         **routing,
         **fp8,
+        **v034,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from conformance.cases.knobs import KNOBS
 
 from .kernel import KERNEL_OP_SPECS
+from .layers import LAYER_OP_SPECS
 from .level import LEVEL_ORDER, Level
 from .moe import MOE_OP_SPECS
 from .spec import COMPOSITIONS, OUTPUT_KINDS, OpCall, OpSpec
@@ -31,7 +32,7 @@ def _check_parts(spec: OpSpec, registry: dict[str, OpSpec]) -> None:
         raise ValueError(f"op {spec.name}: composed of {missing}, which are not registered wrapper ops")
 
 
-OP_SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (*KERNEL_OP_SPECS, *WRAPPER_OP_SPECS, *MOE_OP_SPECS)}
+OP_SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (*KERNEL_OP_SPECS, *WRAPPER_OP_SPECS, *MOE_OP_SPECS, *LAYER_OP_SPECS)}
 OP_NAMES = tuple(OP_SPECS)  # the built-in ops, in the design's order
 for _built_in in OP_SPECS.values():
     _check_parts(_built_in, OP_SPECS)

@@ -100,6 +100,9 @@ class OpSpec:
     # whose knobs it reads. An op that is one production call shape (token_classification_head) names the
     # few corners that call can reach, and the families made for it apply to it alone.
     families: tuple[str, ...] | None = None
+    # The op rounds its delta to the case dtype before adding it to a wider output (a float32 one): judged by the
+    # case dtype's tolerances, not the output's (conformance.verdict.judge's rounding_dtype).
+    delta_in_case_dtype: bool = False
 
     @property
     def outputs(self) -> tuple[str, ...]:

@@ -25,6 +25,7 @@ import torch
 from conformance.cases.case import Case
 from conformance.cases.values import activations, bias_stack, full_weight_stack, lora_a_stack, lora_b_stack
 from conformance.reference import LoRAMapping, PunicaWrapperReference
+from conformance.reference.packed_modules import fill_packed_slices
 
 from .kernel import MAX_SLICES, expand_values, expand_written, shrink_values, shrink_written
 from .level import Level
@@ -68,6 +69,10 @@ def linear_values(case: Case, gen: torch.Generator) -> Tensors:
         if case.bias:
             values[f"bias.{s}"] = bias_stack(gen, case, width)
     values["out"] = activations(gen, case, (case.num_tokens, case.output_width), case.torch_dtype)
+    if case.absent_slices or case.repeated_slices:  # after every draw: the other cases' values stay as they were
+        for prefix in ("lora_a", "lora_b"):
+            stacks = fill_packed_slices(list(_stacks(values, prefix, case.num_slices)), case.absent_slices, case.repeated_slices)
+            values.update({f"{prefix}.{s}": stack for s, stack in enumerate(stacks)})
     return values
 
 
@@ -212,7 +217,7 @@ WRAPPER_OP_SPECS = (
     _wrapper(
         "add_lora_linear",
         "y (+)= scale · (x @ A_s[slot]ᵀ) @ B_s[slot]ᵀ (+ bias), packed slices",
-        {"hidden", "scale", "slices", "widths", "bias", "add_inputs"},
+        {"hidden", "scale", "slices", "widths", "bias", "add_inputs", "packed"},
         linear_values, _add_lora_linear, expand_written, max_slices=MAX_SLICES,
         composed_of=("add_shrink", "add_expand"),  # shrink into a zeroed float32 buffer, then expand it
     ),
@@ -223,7 +228,8 @@ WRAPPER_OP_SPECS = (
                       "sgmv": ("sgmv_expand",)},
     ),
     _wrapper(
-        "add_lora_logits", "logits += scale · (h @ A[slot]ᵀ) @ B[slot]ᵀ per sampled row", {"hidden", "widths", "scale"}, logits_values,
+        "add_lora_logits", "logits += scale · (h @ A[slot]ᵀ) @ B[slot]ᵀ per sampled row", {"hidden", "widths", "scale", "spec_decode"},
+        logits_values,
         _add_lora_logits, logits_written, rows="sampled",
         compositions={"lora": ("lora_shrink", "lora_expand"), "classic": ("bgmv_shrink", "bgmv_expand"),
                       "bgmv": ("bgmv_shrink", "bgmv_expand"), "sgmv": ("sgmv_shrink", "sgmv_expand")},

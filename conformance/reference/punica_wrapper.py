@@ -25,7 +25,11 @@ the optional keyword ``lora_bias_stacked``. ``update_metadata`` takes the suite'
   slot −1 and rows whose slot's module is disabled stay bit-identical;
 * ``token_classification_head(y, x, weight_stacked, bias_stacked, module_enabled)``: the same head over the
   *token* rows' slots (vLLM 0.33's ``TokenClassificationHeadWithLoRA``, which has no wrapper method of its
-  own: it calls ``add_shrink`` and picks the rows itself; ``classification_head.py`` says how).
+  own: it calls ``add_shrink`` and picks the rows itself; ``classification_head.py`` says how);
+* vLLM 0.34's layers whose code is more than one wrapper call, each in a module of its own:
+  ``grouped_lora_linear`` (head groups sharing LoRA-A, ``grouped_lora.py``), ``fp32_output_lora_linear`` (the
+  delta in the LoRA dtype added to a float32 output, ``fp32_output.py``) and ``scaled_embedding_lora``
+  (``embed_scale`` folded into LoRA-B, then ``add_lora_embedding``; ``embed_scale.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ import torch
 from ._grouping import rows_per_adapter
 from ._stacks import accumulation_dtype, weight_stack
 from .classification_head import replace_rows_with_head
+from .embed_scale import fold_embed_scale
+from .fp32_output import add_lora_to_fp32_output
+from .grouped_lora import add_grouped_lora
 from .kernel_meta import LoRAKernelMeta
 from .mapping import LoRAMapping
 from .op_fused_moe_lora import fused_moe_lora
@@ -149,6 +156,21 @@ class PunicaWrapperReference:
         self._meta(self.token_meta, x.size(0))
         replace_rows_with_head(y.view(-1, y.size(-1)), x, weight_stacked, bias_stacked, module_enabled,
                                self.mapping.token_slot_tensor())
+
+    def grouped_lora_linear(self, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: torch.Tensor,
+                            lora_b_stacked: tuple[torch.Tensor, ...], scale: float) -> None:
+        """``y[t, g] += scale · (x[t, g] @ A[l]ᵀ) @ B_g[l]ᵀ``: every head group's own LoRA-B, one shared LoRA-A."""
+        add_grouped_lora(self.add_lora_linear, y, x, lora_a_stacked, lora_b_stacked, scale)
+
+    def fp32_output_lora_linear(self, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: tuple[torch.Tensor, ...],
+                                lora_b_stacked: tuple[torch.Tensor, ...], scale: float, output_slices: tuple[int, ...]) -> None:
+        """``y += round_lora_dtype(add_lora_linear's delta)``, ``y`` float32."""
+        add_lora_to_fp32_output(self.add_lora_linear, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices)
+
+    def scaled_embedding_lora(self, y: torch.Tensor, x: torch.Tensor, lora_b_stacked: torch.Tensor, embed_scale: float | None,
+                              add_inputs: bool = True) -> None:
+        """``y[t] (+)= x[t] @ (embed_scale · B[l])ᵀ``: the scale folded into LoRA-B once, then ``add_lora_embedding``."""
+        self.add_lora_embedding(y, x, fold_embed_scale(lora_b_stacked, embed_scale), add_inputs)
 
     def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, adapter_enabled, *,
                      expert_map=None, offset: int = 0, add_inputs: bool = True, **kwargs) -> None:

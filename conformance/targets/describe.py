@@ -60,6 +60,10 @@ FEATURE_PROBES = (
     # the fp8 ops (their plain probe has per-tensor scales)
     ("per-token and per-channel fp8 scales", "fp8_scales", {"fp8_scales": "channel"}),
     ("block-wise fp8 scales", "fp8_scales", {"fp8_scales": "block", "group_k": 8, "group_n": 8}),
+    # vLLM 0.34: speculative-decoding logits rows, a partially packed adapter, a folded embed_scale
+    ("1 + draft tokens logits rows per request", "spec_decode", {"logits_per_seq": (3, 1)}),
+    ("an adapter lacking a packed sub-module", "packed", {"absent_slices": ((0, 0),)}),
+    ("embed_scale folded into LoRA-B", "embed_scale", {"embed_scale": 8.0}),
 )
 
 

@@ -65,7 +65,9 @@ decide, and so does this base:
   row kept by ``torch.where``;
 * ``token_classification_head`` (vLLM 0.33's token head, no PunicaWrapper method) is that layer's code
   over ``self.add_shrink`` and the tokens' slots (``conformance.targets.classification_head``), so it
-  composes from an overridden ``add_shrink`` too.
+  composes from an overridden ``add_shrink`` too;
+* vLLM 0.34's layer ops (``grouped_lora_linear``, ``fp32_output_lora_linear``, ``scaled_embedding_lora``) are those
+  layers' code over ``self.add_lora_linear`` / ``self.add_lora_embedding`` (``conformance.targets.vllm034_layers``).
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ from conformance.reference import LoRAKernelMeta, LoRAMapping, SegmentMetadata, 
 
 from .base import Target
 from .classification_head import TokenHeadFromShrink, pick_head_rows
+from .vllm034_layers import Vllm034Layers
 
 # The table of the kernels each wrapper op needs, rendered from the specs rather than kept by hand here
 # (no docstring to extend under ``python -OO``).
@@ -88,7 +91,7 @@ if __doc__ is not None:
     __doc__ += "\nThe kernels each wrapper op needs, per composition (from ``conformance.ops.OP_SPECS``):\n\n" + composition_table()
 
 
-class KernelTarget(TokenHeadFromShrink, Target):
+class KernelTarget(TokenHeadFromShrink, Vllm034Layers, Target):
     """Base of targets that implement kernel ops only; see the module docstring.
 
     ``wrapper_paths`` is part of the contract: the compositions (``conformance.ops.COMPOSITIONS``) tried,

@@ -18,7 +18,9 @@ wrapper calls too. This base then does what vLLM's ``LoRAModelManager`` does aro
   ``apply_lora_full_linear``; ``add_lora_w13``/``add_lora_w2`` through :mod:`.vllm_cuda_moe`, which
   expresses the neutral MoE contract in vLLM's signatures) is forwarded by argument *name*, so the
   signature variants of vLLM releases and plugins (LoRA bias positional or keyword) need no code.
-  ``token_classification_head`` is computed over the wrapper's ``add_shrink``, as vLLM 0.33's layer does.
+  ``token_classification_head`` is computed over the wrapper's ``add_shrink``, as vLLM 0.33's layer does, and
+  vLLM 0.34's layer ops (``conformance.targets.vllm034_layers``) over its ``add_lora_linear`` /
+  ``add_lora_embedding`` where the installed vLLM is 0.34 or later (an older one lacks the layer: not supported).
   A method the wrapper class lacks, leaves abstract, or whose body only raises ``NotImplementedError``
   (what ``PunicaWrapperBase`` gives every LoRA method it declares) is *not implemented*: the op is
   ``None``, with a reason naming the class, before any case runs;
@@ -48,6 +50,7 @@ from . import vllm_cuda_moe as moe
 from ._vllm import import_vllm_module, vllm_version
 from .base import Target, TargetUnavailable
 from .classification_head import TokenHeadFromShrink
+from .vllm034_layers import VLLM_034_LAYERS, Vllm034Layers
 
 # -- speaking vLLM's mapping ------------------------------------------------------------------------
 
@@ -251,6 +254,26 @@ class WrapperMethod:
         return self.forward if target is None else types.MethodType(self.forward, target)
 
 
+def vllm_release() -> tuple[int, ...]:
+    """The installed vLLM's release numbers (``0.32.0+cpu`` → ``(0, 32, 0)``); ``()`` when unknown."""
+    numbers = []
+    for part in vllm_version().split("+")[0].split("."):
+        if not part.isdigit():
+            break
+        numbers.append(int(part))
+    return tuple(numbers)
+
+
+class Vllm034LayerMethod(WrapperMethod):
+    """A vLLM 0.34 layer's code over the wrapper's methods (``conformance.targets.vllm034_layers``): there where
+    the installed vLLM has that layer (0.34 or later) and its wrapper implements the methods the layer calls."""
+
+    def missing(self, holder) -> str | None:
+        if isinstance(getattr(holder, "wrapper_class", None), type) and vllm_release() < (0, 34):
+            return f"the installed vLLM {vllm_version()} predates {VLLM_034_LAYERS[self.name]}, added in vLLM 0.34"
+        return super().missing(holder)
+
+
 def forwarded(*needs: str) -> Callable[[Callable], WrapperMethod]:
     """Decorate a forwarding function: the op exists where the wrapper class implements ``needs``
     (by default the method of the op's own name)."""
@@ -443,6 +466,11 @@ class VllmPunicaWrapperTarget(TokenHeadFromShrink, Target):
     @forwarded("add_shrink")
     def token_classification_head(self, y, x, weight_stacked, bias_stacked, module_enabled):
         TokenHeadFromShrink.token_classification_head(self, y, x, weight_stacked, bias_stacked, module_enabled)
+
+    # vLLM 0.34's layers over the wrapper's methods: the layer's code (as the token head above), where the vLLM has it
+    grouped_lora_linear = Vllm034LayerMethod(Vllm034Layers.grouped_lora_linear, ("add_lora_linear",))
+    fp32_output_lora_linear = Vllm034LayerMethod(Vllm034Layers.fp32_output_lora_linear, ("add_lora_linear",))
+    scaled_embedding_lora = Vllm034LayerMethod(Vllm034Layers.scaled_embedding_lora, ("add_lora_embedding",))
 
     # vLLM's MoE LoRA methods take what its layer has at hand (Triton tile shapes, sorted ids): vllm_cuda_moe
     # expresses the neutral contract in them. w2 recomputes w13's alignment with the wrapper's own method.

@@ -109,7 +109,12 @@ def judge(
     written: torch.Tensor,
     delta: torch.Tensor | None = None,
     magnitude: torch.Tensor | None = None,
+    rounding_dtype: torch.dtype | None = None,
 ) -> Verdict:
+    # The dtype whose rounding the result carries: the output's, or a narrower one the op rounds its delta to before
+    # it adds it to a wider output (vLLM 0.34's DeepSeek-V4 compressor: a bf16 delta into a float32 output), whose
+    # budget, cap and rules then apply (OpSpec.delta_in_case_dtype).
+    dtype = rounding_dtype or actual.dtype
     if actual.shape != oracle.shape or actual.dtype != initial.dtype:
         problem = (
             f"output has shape {tuple(actual.shape)} and dtype {actual.dtype}; "
@@ -136,7 +141,7 @@ def judge(
 
     finite = torch.isfinite(a) & torch.isfinite(o)
     a, o, b = a[finite], o[finite], b[finite]
-    tol = tolerance_for(actual.dtype)
+    tol = tolerance_for(dtype)
     scale = float(o.abs().max()) if o.numel() else 0.0
     scale = scale if scale > 0 else 1.0
     error = max_abs_error(a, o)
@@ -150,12 +155,12 @@ def judge(
     terms = _largest(m) if m is not None else None
     # float32 accumulation inside the dot products, in ulps of their terms (any output dtype)
     accumulation = tol.accumulation_ulps * torch.finfo(torch.float32).eps * terms if terms is not None else 0.0
-    floor = tol.floor_ulps * torch.finfo(actual.dtype).eps * operands + accumulation
+    floor = tol.floor_ulps * torch.finfo(dtype).eps * operands + accumulation
     budget = tol.k * baseline_error + floor
     cap = tol.rtol * operands + accumulation
     rows = row_groups(written)[finite]
-    systematic = _systematic(a, o, b, d, m, rows, actual.dtype) if d is not None else None
-    spread = error_precision(a, o, b, d, m, rows, actual.dtype)
+    systematic = _systematic(a, o, b, d, m, rows, dtype) if d is not None else None
+    spread = error_precision(a, o, b, d, m, rows, dtype)
     measurement = Measurement(
         max_abs_error=error,
         scaled_error=error / scale,

@@ -16,7 +16,9 @@ Semantics are the suite's (``conformance/reference/punica_wrapper.py``); for a r
   module is enabled, the row *replaced* (rounded once from float32); disabled slots become −1 rows
   of the same bucket, so the shapes and the compiled graph do not depend on ``module_enabled``;
 * ``token_classification_head`` (vLLM 0.33's token head, no PunicaWrapper method): ``add_shrink`` above
-  with the whole head as a one-slice stack, then the layer's pick (``conformance.targets.classification_head``).
+  with the whole head as a one-slice stack, then the layer's pick (``conformance.targets.classification_head``);
+* vLLM 0.34's layer ops (``grouped_lora_linear``, ``fp32_output_lora_linear``, ``scaled_embedding_lora``): those
+  layers' code over the methods above (``conformance.targets.vllm034_layers``), static shapes, no host sync.
 
 Rows of slot −1 are never written, also with ``add_inputs=False``. The row state comes from
 ``update_metadata`` (the suite's ``LoRAMapping``) or ``set_slots`` (raw slot vectors, as the vLLM
@@ -31,12 +33,13 @@ import torch
 from conformance.reference import LoRAMapping
 
 from ..classification_head import TokenHeadFromShrink
+from ..vllm034_layers import Vllm034Layers
 from .engine import LoRAEngine
 from .rows import PaddedRows, RoutedPairs
 from .stacks import as_3d
 
 
-class HpuPunicaWrapper(TokenHeadFromShrink):
+class HpuPunicaWrapper(TokenHeadFromShrink, Vllm034Layers):
     def __init__(self, engine: LoRAEngine) -> None:
         self.engine = engine
         self.token_rows: PaddedRows | None = None
