@@ -149,6 +149,7 @@ def call_target(target, case: Case, values: Tensors, runs: int = DEFAULT_RUNS) -
     outcome = TargetCall("ran")
     started = time.perf_counter()
     try:
+        outcome.raised_in = 0  # a raise in update_metadata is the first call's (else the answer is refused as malformed)
         if spec.level == Level.WRAPPER:
             give_metadata(target, case)  # once: every call below runs on this state
         for run in range(runs):

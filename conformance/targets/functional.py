@@ -79,7 +79,7 @@ def output_arguments(op: str) -> tuple[OutputArgument, ...]:
     probe = probe_case(op, "float32")
     values = spec.make_values(probe, generator_for(probe))
     call = spec.make_call(probe, values, torch.device("cpu"))
-    names = _positional_parameters(spec)
+    names = op_parameters(op)
     found = []
     for output in spec.outputs:
         storage = values[output].untyped_storage().data_ptr()  # bgmv_shrink is handed a view of its output
@@ -94,8 +94,9 @@ def output_arguments(op: str) -> tuple[OutputArgument, ...]:
     return tuple(found)
 
 
-def _positional_parameters(spec) -> list[str]:
-    """The positional parameters of the op's reference (a wrapper op's without ``self``): vLLM's argument order."""
+def op_parameters(op: str) -> list[str]:
+    """The positional parameters of the op's reference (a wrapper op's without ``self``): vLLM's names and order."""
+    spec = OP_SPECS[op]
     parameters = list(inspect.signature(spec.reference).parameters.values())
     if spec.level == Level.WRAPPER:
         parameters = parameters[1:]  # a method of PunicaWrapperReference
@@ -131,17 +132,31 @@ def _in_place(op: str, function: Callable) -> Callable:
     """The in-place op the suite calls, around the functional ``function`` (steps 1 to 5 of the module docstring)."""
 
     def in_place(self: FunctionalKernelTarget, *args, **kwargs) -> None:
-        outputs = [(argument, _output_tensor(op, argument, args, kwargs)) for argument in output_arguments(op)]
+        output_tensors(op, args, kwargs)  # a call without its output fails before the op runs
         returned = function(self, *self._foreign(args), **{key: self._foreign(value) for key, value in kwargs.items()})
-        returned = _one_value_per_output(op, returned, outputs)
-        new_values = [_checked(op, argument.name, self.from_array(new, like=out), out)
-                      for (argument, out), new in zip(outputs, returned, strict=True)]
-        for (_, out), new in zip(outputs, new_values, strict=True):  # every one checked first: all or nothing
-            out.copy_(new)
+        copy_returned(op, returned, args, kwargs, self.from_array)
 
     functools.update_wrapper(in_place, function)  # the op's name, docstring and (through __wrapped__) signature
     in_place.functional = function
     return in_place
+
+
+def output_tensors(op: str, args: tuple, kwargs: dict) -> list[tuple[OutputArgument, torch.Tensor]]:
+    """The output arguments of a call of ``op`` (``args``, ``kwargs`` as vLLM passes them) with the tensor each holds."""
+    return [(argument, _output_tensor(op, argument, args, kwargs)) for argument in output_arguments(op)]
+
+
+def copy_returned(op: str, returned: Any, args: tuple, kwargs: dict,
+                  convert: Callable[..., Any] = lambda new, like: new) -> None:
+    """Steps 3 to 5 of the module docstring: ``returned`` (the new value of ``op``'s output, a tuple of them for
+    several) through ``convert(value, like=output)``, checked against each output tensor of the call and copied
+    into it; :class:`FunctionalResultError` naming what differs, before anything is copied."""
+    outputs = output_tensors(op, args, kwargs)
+    returned = _one_value_per_output(op, returned, outputs)
+    new_values = [_checked(op, argument.name, convert(new, like=out), out)
+                  for (argument, out), new in zip(outputs, returned, strict=True)]
+    for (_, out), new in zip(outputs, new_values, strict=True):  # every one checked first: all or nothing
+        out.copy_(new)
 
 
 def _output_tensor(op: str, argument: OutputArgument, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -193,7 +208,9 @@ class FunctionalKernelTarget(KernelTarget):
     """Base of targets whose ops return their output's new value; see the module docstring.
 
     A subclass declares its ops with :func:`functional_op` and, for arrays that are not torch tensors,
-    overrides :meth:`to_array` and :meth:`from_array`.
+    overrides :meth:`to_array` and :meth:`from_array`; a framework that must be entered around each call
+    (``torchax.default_env()``) goes in ``call_context(op)`` (``Target``'s, entered by the worker around each
+    op call and ``update_metadata``; docs/ports.md §2).
     """
 
     name = "functional-kernel-ops"

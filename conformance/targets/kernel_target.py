@@ -117,6 +117,9 @@ class KernelTarget(TokenHeadFromShrink, Vllm034Layers, Target):
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
+        for name, declared in vars(cls).items():
+            if type(declared).__name__ == "KernelAdapter":  # conformance.targets.kernel_adapter, which imports this module
+                declared.bind(name)  # checked against the op's spec now, when the class is made
         unknown = [path for path in cls.wrapper_paths if path not in COMPOSITIONS]
         if unknown:
             raise ValueError(f"{cls.__name__}.wrapper_paths names {unknown}, which are no compositions; they are {', '.join(COMPOSITIONS)}")

@@ -26,6 +26,15 @@ wrapper calls too. This base then does what vLLM's ``LoRAModelManager`` does aro
   ``None``, with a reason naming the class, before any case runs;
 * **LoRA bias** (``lora_bias_stacked``) goes only to methods whose installed signature names it; bias
   cases of the others are declared not supported;
+* **return values**: ``can_update_inplace`` is the answer of the wrapper's platform to vLLM's
+  ``Platform.can_update_inplace()`` (``vllm/platforms/interface.py``; ``True`` unless a platform says
+  otherwise). ``True``: vLLM's layers read the output argument ``y`` as the method left it and drop what
+  it returns, and so does the suite. ``False``: the layers take what ``add_shrink``, ``add_expand``,
+  ``add_lora_linear``, ``add_lora_embedding`` and ``add_lora_logits`` return as the new ``y``
+  (:data:`RESULT_METHODS`); the suite then checks the returned tensor has ``y``'s shape and dtype
+  (:class:`WrapperResultError` naming the method otherwise: the case is broken) and copies it into
+  ``y``, whether or not the method also wrote ``y``, so every caller (the op, layer and model levels) sees
+  the result vLLM's layers would use;
 * **versions**: ``package_versions`` states the vLLM the wrapper runs on (``TargetFacts``), against which
   the expectations' ``versions`` ranges are evaluated.
 """
@@ -43,6 +52,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import fields, is_dataclass
 from typing import Any, ClassVar
 
+import torch
+
 from conformance.ops import Level, ops_at
 from conformance.reference import LoRAMapping
 
@@ -50,7 +61,40 @@ from . import vllm_cuda_moe as moe
 from ._vllm import import_vllm_module, vllm_version
 from .base import Target, TargetUnavailable
 from .classification_head import TokenHeadFromShrink
+from .kernel_adapter import KernelAdapter
 from .vllm034_layers import VLLM_034_LAYERS, Vllm034Layers
+
+# The wrapper methods whose return value vLLM 0.32's LoRA layers take as the new output when the platform cannot
+# update in place (``if not current_platform.can_update_inplace(): output = lora_output`` in
+# vllm/lora/layers/base_linear.py, column_parallel_linear.py, row_parallel_linear.py, vocab_parallel_embedding.py,
+# logits_processor.py, classifier.py). apply_lora_full_linear's return is dropped there either way (classifier.py),
+# and add_lora_w13's is MoE metadata, not an output (model_executor/layers/fused_moe/experts/lora_experts_mixin.py).
+RESULT_METHODS = frozenset({"add_shrink", "add_expand", "add_lora_linear", "add_lora_embedding", "add_lora_logits"})
+
+
+class WrapperResultError(TypeError):
+    """A wrapper method of a target that cannot update in place returned something other than the new ``y``."""
+
+
+def take_result(target: str, method: str, returned: Any, y) -> None:
+    """Copy ``returned``, the new value of ``y`` a wrapper method of a platform that cannot update in place gave
+    back, into ``y``; :class:`WrapperResultError` saying what is wrong when it is not a tensor of ``y``'s shape
+    and dtype (``copy_`` would broadcast or cast it silently)."""
+    if not isinstance(returned, torch.Tensor):
+        got = "None" if returned is None else f"a {type(returned).__module__}.{type(returned).__qualname__}"
+        raise WrapperResultError(
+            f"{target}: {method} returned {got}, not the new y; a target with can_update_inplace = False must return "
+            "the new value of y from every method vLLM's layers take a result of (set can_update_inplace = True if "
+            "your platform's layers read y as the method wrote it)"
+        )
+    if returned.shape != y.shape or returned.dtype != y.dtype:
+        raise WrapperResultError(
+            f"{target}: {method} returned a tensor of shape {tuple(returned.shape)} and dtype {returned.dtype}; "
+            f"expected y's shape {tuple(y.shape)} and dtype {y.dtype} (return the whole new y, in its dtype)"
+        )
+    if returned is not y:
+        y.copy_(returned)
+
 
 # -- speaking vLLM's mapping ------------------------------------------------------------------------
 
@@ -295,7 +339,8 @@ class VllmPunicaWrapperTarget(TokenHeadFromShrink, Target):
     Set ``wrapper_class`` (a class, or ``"package.module:Class"``: then ``wrapper_package``, the pip
     requirement that provides it, is named when it does not import), ``name``, ``dtypes`` and
     ``default_device()``. ``kernel_ops`` maps kernel op names (``bgmv_shrink``, …) to the callables the
-    wrapper calls (or ``"module:function"``), judged as kernel ops too. Override
+    wrapper calls (or ``"module:function"``), judged as kernel ops too: in vLLM's signature, or of another
+    one through a declared ``adapt(...)`` (``conformance.targets.kernel_adapter``). Override
     :meth:`construct_wrapper` where the wrapper needs more than vLLM's constructor arguments.
     """
 
@@ -305,6 +350,9 @@ class VllmPunicaWrapperTarget(TokenHeadFromShrink, Target):
     kernel_ops: ClassVar[Mapping[str, Callable | str]] = {}
     # The vLLM the wrapper runs on, stated by check_available (TargetFacts.package_versions).
     package_versions: ClassVar[dict[str, str]] = {}
+    # vLLM's Platform.can_update_inplace() of the platform the wrapper runs on: False when its layers use what the
+    # wrapper methods return instead of their y (the module docstring says what the suite does with each answer).
+    can_update_inplace: ClassVar[bool] = True
     # What the subclass itself says (why_not_implemented as declared); check_available adds the wrapper's gaps.
     _declared_why_not: ClassVar[dict[str, str]] = {}
 
@@ -351,6 +399,8 @@ class VllmPunicaWrapperTarget(TokenHeadFromShrink, Target):
                                 f"kernel ops: {', '.join(kernel_names)}")
             if isinstance(kernel, str):
                 kernel = resolve_dotted(kernel, cls.name, f"kernel_ops[{op!r}]", cls.wrapper_package)
+            if isinstance(kernel, KernelAdapter):  # another signature, declared: checked against the op's spec here
+                kernel = kernel.for_op(op)
             if not callable(kernel):
                 raise TypeError(f"{cls.__qualname__}.kernel_ops[{op!r}] is {kernel!r}, not a callable")
             resolved[op] = kernel
@@ -415,17 +465,21 @@ class VllmPunicaWrapperTarget(TokenHeadFromShrink, Target):
         )
 
     def call_wrapper(self, method: str, arguments: dict[str, Any], lora_bias_stacked=None,
-                     extra: Mapping[str, Any] | None = None) -> None:
+                     extra: Mapping[str, Any] | None = None) -> Any:
         """``self.wrapper.<method>`` with the suite's ``arguments`` by name (so a release that takes LoRA bias
         positionally, or orders its parameters otherwise, gets each in its place), ``lora_bias_stacked``
-        where the installed method names it, and the caller's other keywords as they came. A subclass
-        overrides this to do what its platform's runner does around each call."""
+        where the installed method names it, and the caller's other keywords as they came; what it returns is
+        returned, and taken as the new ``y`` where the platform cannot update in place (``can_update_inplace``).
+        A subclass overrides this to do what its platform's runner does around each call."""
         function = getattr(self.wrapper, method)
         if accepts_keyword(function, "lora_bias_stacked"):
             arguments = {**arguments, "lora_bias_stacked": lora_bias_stacked}
         elif lora_bias_stacked is not None:
             raise NotImplementedError(f"{type(self.wrapper).__qualname__}.{method} takes no lora_bias_stacked")
-        function(**arguments, **(extra or {}))
+        returned = function(**arguments, **(extra or {}))
+        if not self.can_update_inplace and method in RESULT_METHODS:
+            take_result(self.name, method, returned, arguments["y"])
+        return returned
 
     def token_lora_slots(self):
         return self.wrapper.token_lora_indices  # what vLLM's token head reads
