@@ -28,6 +28,7 @@ Each fault below is a subclass changing one method, with a docstring naming the 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import torch
@@ -1681,6 +1682,77 @@ TOKEN_HEAD_FAULTS: tuple[type[PlainTorchTarget], ...] = (
 """The token head's faults: each changes only token_classification_head, so only its cases can catch it."""
 
 
+# -- vLLM 0.34: its layer ops (conformance.targets.vllm034_layers), packed adapters, speculative-decoding logits --
+
+
+class GroupedFirstGroupLoRAB(PlainTorchTarget):
+    """Every head group of DeepSeek-V4's grouped ``wo_a`` gets group 0's LoRA-B: a port that keeps one LoRA-B
+    buffer for the layer (as for any column-parallel layer) instead of vLLM 0.34's one per group."""
+
+    name = "fault-grouped-first-group-lora-b"
+
+    def grouped_lora_linear(self, y, x, lora_a_stacked, lora_b_stacked, scale):
+        super().grouped_lora_linear(y, x, lora_a_stacked, (lora_b_stacked[0],) * len(lora_b_stacked), scale)
+
+
+class EmbedScaleAppliedTwice(PlainTorchTarget):
+    """``embed_scale`` folded into LoRA-B when the adapter is set and applied again in the forward (a port of the
+    scaled embedding that scales the lookup plus LoRA output as HF's forward scales the lookup)."""
+
+    name = "fault-embed-scale-applied-twice"
+
+    def scaled_embedding_lora(self, y, x, lora_b_stacked, embed_scale, add_inputs=True):
+        super().scaled_embedding_lora(y, x, lora_b_stacked, None if embed_scale is None else embed_scale**2, add_inputs)
+
+
+class EmbedScaleNotFolded(PlainTorchTarget):
+    """``embed_scale`` never folded into LoRA-B: vLLM 0.33's ``set_lora``, which PEFT's scaled delta outgrew."""
+
+    name = "fault-embed-scale-not-folded"
+
+    def scaled_embedding_lora(self, y, x, lora_b_stacked, embed_scale, add_inputs=True):
+        super().scaled_embedding_lora(y, x, lora_b_stacked, None, add_inputs)
+
+
+class PackedSlicesStopAtAbsent(PlainTorchTarget):
+    """A slot's packed slices after the first one its adapter lacks are served as absent too: a port that walks an
+    adapter's packed groups and stops at the first None (vLLM 0.33's ``expand_packed_lora`` handled a None only
+    as the last group; 0.34 aligns the groups after it from the back)."""
+
+    name = "fault-packed-slices-stop-at-absent"
+
+    def add_lora_linear(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, **kwargs):
+        lora_b_stacked = [b.clone() for b in lora_b_stacked]
+        for slot in range(lora_a_stacked[0].size(0)):
+            lacking = [not (a[slot].any() or b[slot].any()) for a, b in zip(lora_a_stacked, lora_b_stacked)]
+            if True in lacking:
+                for b in lora_b_stacked[lacking.index(True):]:
+                    b[slot] = 0
+        return super().add_lora_linear(y, x, lora_a_stacked, tuple(lora_b_stacked), scale, output_slices, **kwargs)
+
+
+class LogitsOneRowPerRequest(PlainTorchTarget):
+    """The logits rows mapped one per request, as vLLM 0.33's model runner built ``prompt_lora_mapping`` (a request's
+    adapter once): under speculative decoding the rows after the first ``num_reqs`` read no adapter, and the rows
+    of a request's drafts take the next requests' adapters. With one logits row per request it is correct."""
+
+    name = "fault-logits-one-row-per-request"
+
+    def update_metadata(self, mapping):
+        starts = [sum(mapping.seq_lens[:i]) for i in range(len(mapping.seq_lens))]
+        per_request = [mapping.token_slots[start] for start in starts]
+        rows = len(mapping.sampled_slots)
+        sampled = tuple(per_request[:rows]) + (-1,) * max(0, rows - len(per_request))
+        super().update_metadata(dataclasses.replace(mapping, sampled_slots=sampled))
+
+
+V034_FAULTS: tuple[type[PlainTorchTarget], ...] = (
+    GroupedFirstGroupLoRAB, EmbedScaleAppliedTwice, EmbedScaleNotFolded, PackedSlicesStopAtAbsent, LogitsOneRowPerRequest,
+)
+"""vLLM 0.34's faults: each is caught only by the cases of its feature (grouped_lora_a, embed_scale, partial_packed,
+spec_decode_logits)."""
+
+
 # -- precision: a 16-bit output computed through a coarser format -------------------------------------
 
 
@@ -1784,6 +1856,7 @@ FAULTS: tuple[type[PlainTorchTarget], ...] = (
     *MOE_FP8_FAULTS,
     *TOKEN_HEAD_FAULTS,
     *PRECISION_FAULTS,
+    *V034_FAULTS,
 )
 """Faults the smoke profile must catch (at least one case ends FAIL)."""
 
