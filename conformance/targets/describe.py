@@ -239,7 +239,9 @@ def render(description: TargetDescription) -> str:
     lines = [f"{d.name}  ({d.reference})"]
     if d.description:
         lines.append(d.description)
-    lines.append(f"can run here: {'yes' if d.usable else 'no: ' + d.reason}")
+    # An unusable target says so first and last: between them are 66 lines of what its class defines, which
+    # read as if it ran here (a CUDA target described on a machine without a GPU did).
+    lines.append("can run here: yes" if d.usable else f"can run here: NO, {d.name} is unusable on this machine: {d.reason}")
     lines.append(f"dtypes: {', '.join(d.dtypes)}")
     if d.wrapper_paths is not None:
         lines.append(
@@ -255,4 +257,7 @@ def render(description: TargetDescription) -> str:
     supported = sum(s.supported for s in d.statuses)
     lines.append("")
     lines.append(f"supported: {supported} of {len(d.statuses)} op × dtype pairs")
+    if not d.usable:
+        lines.append(f"{d.name} is unusable on this machine (why: the 'can run here' line at the top); the statuses above "
+                     "say only what its class defines, not what can run here")
     return "\n".join(lines)

@@ -42,6 +42,8 @@ import bisect
 import contextlib
 import importlib
 import inspect
+import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -63,8 +65,12 @@ from .vllm_wrapper import (  # noqa: F401 - allowed_lora_rank, update_metadata_k
 )
 
 TARGET = "cuda"
-# What a person installs on a CUDA machine (scripts/device_check_cuda.sh does it).
-INSTALL_HINT = "pip install vllm==0.32.0 (the CUDA wheel; it brings a CUDA torch and triton)"
+# What a person installs on a CUDA machine: the releases scripts/device-kit gathers (a wheelhouse for an
+# air-gapped lab, docs/hardware.md; scripts/device_check_cuda.sh installs the same from an index).
+INSTALL_HINT = (
+    "pip install vllm==0.33.0 (or 0.34.0; the CUDA wheel brings the CUDA torch it pins, 2.14.0, and triton), or offline "
+    "from a lab kit: scripts/device-kit cuda --vllm 0.33.0 --out DIR, then bash DIR/run.sh (docs/hardware.md)"
+)
 
 # vLLM's LoRAConfig default (cudagraph specialization by active-LoRA count is opt-in). Used both for
 # the wrapper's LoRAConfig and for the num_active_loras the kernel ops are given, so both levels launch
@@ -87,20 +93,45 @@ def _one_line(text: object) -> str:
 
 
 def cuda_unavailable_reason() -> str | None:
-    """``None`` when torch sees a CUDA device, else why not (one line)."""
+    """``None`` when torch sees a CUDA device, else why not (one line): that no device is visible, what torch
+    says when asked for one, which torch build this is and, for a CUDA build, whether vLLM's CUDA wheel imports
+    here, so that "no device" is not mistaken for a broken installation (or the other way round)."""
     if torch.cuda.is_available():
         return None
     if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
         return (
-            f"target {TARGET!r} needs a CUDA GPU, but no CUDA device is visible: torch {torch.__version__} is a "
-            "CPU-only build (torch.version.cuda is None); run it on an NVIDIA GPU machine with a CUDA build of "
-            f"torch, e.g. {INSTALL_HINT}"
+            f"target {TARGET!r} needs a CUDA GPU, but no CUDA device is visible: torch.cuda.is_available() is False and "
+            f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None); run it on an NVIDIA GPU machine "
+            f"with a CUDA build of torch, e.g. {INSTALL_HINT}"
         )
     return (
-        f"target {TARGET!r} needs a CUDA GPU, but no CUDA device is visible to torch {torch.__version__} "
-        f"(built for CUDA {torch.version.cuda or torch.version.hip}); check the driver (nvidia-smi) and "
-        "CUDA_VISIBLE_DEVICES"
+        f"target {TARGET!r} needs a CUDA GPU, but no CUDA device is visible here: torch.cuda.is_available() is False "
+        f"({_why_no_device()}) with torch {torch.__version__}, a CUDA {torch.version.cuda or torch.version.hip} build; "
+        f"{_vllm_import_status()}; on a machine with an NVIDIA GPU check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES"
     )
+
+
+def _why_no_device() -> str:
+    """What torch, the driver tool and the environment say about the missing device, for a CUDA build."""
+    facts = []
+    try:
+        torch.cuda.init()  # raises with the driver's own reason: no driver, no device, a driver too old
+    except Exception as exc:  # noqa: BLE001 - its message is the finding
+        facts.append(f"torch.cuda.init(): {_one_line(exc)[:200]}")
+    facts.append(f"torch.cuda.device_count() {torch.cuda.device_count()}")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    facts.append("CUDA_VISIBLE_DEVICES unset" if visible is None else f"CUDA_VISIBLE_DEVICES={visible!r}")
+    facts.append(f"nvidia-smi at {shutil.which('nvidia-smi')}" if shutil.which("nvidia-smi") else "no nvidia-smi on PATH")
+    return "; ".join(facts)
+
+
+def _vllm_import_status() -> str:
+    """Whether vLLM's GPU LoRA wrapper imports: the installation's half of the answer when the device is missing."""
+    try:
+        importlib.import_module("vllm.lora.punica_wrapper.punica_gpu")
+    except Exception as exc:  # noqa: BLE001 - any import failure is the finding
+        return f"and vLLM's CUDA wheel does not even import here (vllm.lora.punica_wrapper.punica_gpu: {_one_line(exc)[:300]})"
+    return f"vLLM {vllm_version()}'s CUDA wheel imports here, so the installation is complete and only the device is missing"
 
 
 def _import(name: str, package: str, hint: str) -> Any:

@@ -49,3 +49,27 @@ def test_describe_names_a_module_class_target_by_its_short_name_with_the_referen
     assert render(described).splitlines()[0] == f"refuses-some-knobs  ({__name__}:RefusesWhatItDoesNotDo)"
     registered = describe("reference")
     assert (registered.name, registered.reference) == ("reference", "conformance.targets.reference:ReferenceTarget")
+
+
+def test_a_target_that_cannot_run_here_says_so_first_and_last():
+    """``describe cuda`` on a machine without a GPU read as if the target were usable (issue 35): 66 status
+    lines of what its class defines between one "no" and a count. Here it says it is unusable, and why, in
+    its first status line and its last line; where torch sees a GPU it says it can run."""
+    import torch
+
+    description = describe("cuda")
+    lines = render(description).splitlines()
+    if torch.cuda.is_available():
+        assert description.usable and "can run here: yes" in lines
+        return
+    assert not description.usable and "no CUDA device is visible" in description.reason
+    assert "torch.cuda.is_available() is False" in description.reason and torch.__version__ in description.reason
+    [verdict] = [line for line in lines if line.startswith("can run here:")]
+    assert verdict.startswith("can run here: NO, cuda is unusable on this machine: ") and description.reason in verdict
+    assert lines[-1].startswith("cuda is unusable on this machine") and lines[-2].startswith("supported: 0 of ")
+    assert "pip install vllm==0.33.0" in description.reason and "scripts/device-kit cuda" in description.reason
+
+
+def test_a_usable_target_has_no_unusable_line():
+    lines = render(describe("reference")).splitlines()
+    assert "can run here: yes" in lines and lines[-1].startswith("supported: ")
