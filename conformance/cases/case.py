@@ -71,7 +71,7 @@ class Case:
     fp8_scales: str = ""  # "" | tensor | channel | block
     group_k: int = 0  # block scales only: the contraction elements one scale covers
     group_n: int = 0  # block scales only: the output features one scale covers
-    # vLLM 0.34 (docs/vllm-lora-ops.md §9). Left out of the JSON when default, like the fields above.
+    # vLLM 0.34 (docs/vllm-lora-ops.md §10). Left out of the JSON when default, like the fields above.
     logits_per_seq: tuple[int, ...] = ()  # logits rows per sequence (spec decode: 1 + its draft tokens); () = one each
     absent_slices: tuple[tuple[int, int], ...] = ()  # (slot, slice): the adapter lacks that packed sub-module (zeros)
     repeated_slices: tuple[int, ...] = ()  # per slice, the sub-module whose weights it holds (Gemma 4: 0, 1, 1); () = its own

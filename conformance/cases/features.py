@@ -83,7 +83,7 @@ FEATURE_DOCS = {
     # the tensor-parallel MoE LoRA layer (conformance/tp/moe_case.py; docs/tensor-parallel.md)
     "moe_tp": "an MoE LoRA layer (w13 or w2) split over tensor-parallel ranks, add_lora_w13/add_lora_w2 on every rank",
     "padded_intermediate": "tensor-parallel MoE: each rank's intermediate size padded past its shard (vLLM 0.33 strides by the unpadded size)",
-    # vLLM 0.34 (docs/vllm-lora-ops.md §9)
+    # vLLM 0.34 (docs/vllm-lora-ops.md §10)
     "moe_oneshot_boundary": f"fused_moe_lora at the edge of its one-shot kernel (vLLM 0.34: tokens > {ONE_SHOT_MAX_TOKENS} and rank ≤ "
     f"{ONE_SHOT_MAX_RANK}): {ONE_SHOT_MAX_TOKENS} or {ONE_SHOT_MAX_TOKENS + 1} tokens at a rank ≤ {ONE_SHOT_MAX_RANK}, or rank "
     f"{ONE_SHOT_MAX_RANK} or {ONE_SHOT_MAX_RANK + 1} above {ONE_SHOT_MAX_TOKENS} tokens",

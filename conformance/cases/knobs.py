@@ -105,7 +105,7 @@ _KNOBS = (
     Knob("fp8_scales", "fp8 e4m3fn operands (±448) and the granularity of their scales: per tensor, per token and channel, "
          "or per group_k × group_n block", ("fp8_scales", "group_k", "group_n"), {"fp8_scales": "", "group_k": 0, "group_n": 0},
          features=("fp8_tensor", "fp8_channel", "fp8_block")),
-    # vLLM 0.34 (docs/vllm-lora-ops.md §9)
+    # vLLM 0.34 (docs/vllm-lora-ops.md §10)
     Knob("spec_decode", "speculative decoding: 1 + draft tokens logits rows per request, each with the request's adapter",
          ("logits_per_seq",), {"logits_per_seq": ()}, features=("spec_decode_logits",)),
     Knob("packed", "packed slices as an adapter fills them: a sub-module it lacks (zero), or a slice repeating another "

@@ -969,7 +969,7 @@ class Fp8Block(Fp8Scales):
         return below(k), below(n)
 
 
-# -- vLLM 0.34 (docs/vllm-lora-ops.md §9): fused_moe_lora's dispatch, its new layers, packed adapters, spec decode --
+# -- vLLM 0.34 (docs/vllm-lora-ops.md §10): fused_moe_lora's dispatch, its new layers, packed adapters, spec decode --
 
 # FUSED_MOE_LORA_TWO_KERNEL_MAX_TOKENS (vllm/lora/ops/triton_ops/utils.py) and _FUSED_MOE_LORA_ONE_SHOT_MAX_RANK
 # (fused_moe_lora_op.py): the one-shot kernel serves more than 64 tokens at a rank ≤ 128

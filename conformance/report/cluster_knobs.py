@@ -92,6 +92,16 @@ def _rank_padded(record: dict, case: dict) -> bool | None:
     return None if not ranks or max_rank is None else min(ranks) < max_rank
 
 
+def _left_out(name: str, convert: Callable) -> Callable[[dict, dict], object]:
+    """A field a case's JSON leaves out at its default (``Case.to_json``): a case of an op reads it as the default
+    (falsy) when absent; None only for a record with no op case."""
+    return lambda record, case: convert(case.get(name)) if "op" in case else None
+
+
+def _packed(record: dict, case: dict) -> bool | None:
+    return bool(case.get("absent_slices") or case.get("repeated_slices")) if "op" in case else None
+
+
 def _segments_moved(record: dict, case: dict) -> bool | None:
     if "seq_starts" not in case and "num_rows" not in case:
         return None
@@ -119,6 +129,10 @@ KNOB_VALUES: tuple[KnobValue, ...] = (
     KnobValue("shared_experts", _field("shared_experts", bool), _said("shared-expert stacks", "per-expert stacks")),
     KnobValue("expert_map", _field("expert_map", bool), _said("an expert_map", "every expert local")),
     KnobValue("fp8_scales", _field("fp8_scales"), lambda value: f"fp8 {value} scales" if value else "no fp8"),
+    # vLLM 0.34's knobs: fields left out of a case's JSON at their default, so a case without one shows the default
+    KnobValue("spec_decode", _left_out("logits_per_seq", bool), _said("1 + draft logits rows per request", "one logits row per request")),
+    KnobValue("packed", _packed, _said("an adapter lacking or repeating a packed sub-module", "every slice its own sub-module")),
+    KnobValue("embed_scale", _left_out("embed_scale", bool), _said("an embed_scale folded into LoRA-B", "no embed_scale")),
 )  # fmt: skip
 _BY_NAME = {knob.name: knob for knob in KNOB_VALUES}
 _ORDER = {knob.name: i for i, knob in enumerate(KNOB_VALUES)}
