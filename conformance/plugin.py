@@ -51,6 +51,7 @@ from conformance.devices import assign_device
 from conformance.generator import DEFAULT_PROFILE, PROFILES
 from conformance.isolation import ISOLATION_MODES
 from conformance.levels import KINDS, kind_of
+from conformance.optional import skipped_lines
 from conformance.record import CaseResult
 from conformance.report.allure_results import write_allure_results
 from conformance.report.junit import write_junit
@@ -505,6 +506,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
           f"nondeterministic, {stability.get('flaky', 0)} flaky" + (" (required deterministic)" if run.require_deterministic else ""))
     write(f"referee: {run.about()['referee']}")
     document = config.stash.get(_DOCUMENT_KEY, {})
+    for line in skipped_lines(document.get("environment") or {}):  # one per optional part missing here
+        write(line)
     for worker in document.get("workers") or []:
         if worker.get("leftover_processes"):
             left = worker["leftover_processes"]

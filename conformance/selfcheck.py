@@ -40,8 +40,8 @@ OK, FAIL, NOTE = "ok", "FAIL", "note"
 # What each extra is for, said next to a missing one (the extras themselves are read from the metadata).
 EXTRA_PURPOSE = {
     "vllm": "the cpu target (vLLM's own CPU LoRA path) and the vLLM engine's end-to-end cases",
-    "e2e": "the end-to-end cases of every profile (without it they end 'no result' and the gate fails; or run -m 'not e2e')",
-    "reports": "Allure results (already a requirement)",
+    "e2e": "the end-to-end cases of every profile (without tokenizers they are not supported: conformance/optional.py)",
+    "reports": "allure-pytest's --alluredir (the run writes allure-results/ without it)",
     "dev": "the project's own tests (pytest-xdist, pillow, ruff, …)",
 }
 

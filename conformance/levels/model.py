@@ -17,6 +17,7 @@ from conformance.e2e.run import E2EResult
 from conformance.e2e.target_runner import e2e_unsupported_reason
 from conformance.errors import RunError
 from conformance.levels.context import LevelContext
+from conformance.optional import e2e_missing_reason
 from conformance.record import CaseResult
 from conformance.targets.facts import TargetFacts
 from conformance.wire import Limits
@@ -43,8 +44,12 @@ class ModelKind(CaseKind):
         return E2ECase.from_json(data)
 
     def unsupported_reason(self, facts: TargetFacts, case: E2ECase) -> str | None:
-        """``e2e_unsupported_reason`` from the facts: the worker asks it again, of the loaded target, and agrees."""
-        return e2e_unsupported_reason(case, facts.name, facts.generation_engine, facts.claims(case.dtype), facts.methods)
+        """``e2e_unsupported_reason`` from the facts: the worker asks it again, of the loaded target, and agrees.
+        First, whether this environment can judge an end-to-end case at all (``conformance.optional``): a missing
+        optional package makes the cases not supported, with the reason, rather than errors."""
+        return e2e_missing_reason() or e2e_unsupported_reason(
+            case, facts.name, facts.generation_engine, facts.claims(case.dtype), facts.methods
+        )
 
     def run(self, context: LevelContext, case_id: str, case: E2ECase, values=None) -> CaseResult:
         try:

@@ -15,7 +15,9 @@ properties and Allure's ``environment.properties`` alike:
   ``nvidia-smi``, Gaudi through ``habana_frameworks`` and ``hl-smi``, the CPU model otherwise), and its
   generation (``device_generation``: ``gaudi2``, ``gaudi3``, ``sm_90``, ``cpu``, or ``unknown``), what an
   expectations entry's ``devices`` scope names (``conformance.expectations``);
-* the environment variables that change numerics or device placement (``NUMERICS_ENV``).
+* the environment variables that change numerics or device placement (``NUMERICS_ENV``);
+* each optional part missing here (``optional.<name>``: what the run skipped without it and how to install
+  it, ``conformance.optional``).
 
 Nothing here may fail a run: whatever cannot be read is recorded as such. Device runtimes are only
 queried for the device type the target runs on, and only in the process that ran the cases, so a
@@ -35,6 +37,7 @@ from importlib import metadata
 from pathlib import Path
 
 import conformance
+from conformance.optional import missing_parts
 
 # Environment variables that change what the kernels compute, or where: exact names and prefixes.
 NUMERICS_ENV_NAMES = (
@@ -64,6 +67,7 @@ def environment_fingerprint(device_type: str | None = None, environ=None) -> dic
     """The fingerprint of this process: suite, stack, host, device (of ``device_type``) and numerics env."""
     fingerprint = {"suite_version": conformance.__version__, **git_state(), "python": platform.python_version()}
     fingerprint.update(package_versions())
+    fingerprint.update(missing_parts())
     if ops := _vllm_cpu_ops(environ):
         fingerprint["vllm_cpu_lora_ops"] = ops
     fingerprint.update(host=platform.node() or "unknown", platform=platform.platform())

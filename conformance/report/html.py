@@ -3,8 +3,8 @@
 The file has inline CSS and an inline SVG plot, no script and loads nothing: it reads the same offline,
 attached to a CI job or mailed to a release manager. Sections, top to bottom: the verdict with the gate
 rule, its reasons and how many distinct problems the failures are, the run (target, profile, seed, suite
-version), the problems (one per failure cluster, ``conformance.report.clusters``: what it hits, the knob
-values it depends on, its ops and dtypes, its smallest case with a repro), the op × dtype matrix grouped by level, the coverage
+version, and each optional part it skipped, ``conformance.optional``), the problems (one per failure
+cluster, ``conformance.report.clusters``: what it hits, the knob values it depends on, its ops and dtypes, its smallest case with a repro), the op × dtype matrix grouped by level, the coverage
 (what the cases exercised per op, ``conformance.report.coverage``), the failures grouped by problem
 with their repro commands, the known failures, the budget ratios per op, and the environment
 fingerprint.
@@ -35,6 +35,7 @@ from pathlib import Path
 
 from conformance.cases.features import FEATURE_DOCS
 from conformance.ops.level import LEVEL_ORDER
+from conformance.optional import skipped_parts
 from conformance.report.clusters import cluster_of, document_clusters
 from conformance.report.coverage import HEADLINE, document_coverage
 from conformance.text import TRACEBACK_LIMIT, safe_text
@@ -286,6 +287,7 @@ def _run(document: dict, results: list[dict]) -> str:
         shard = len(document.get("shard_cases") or [])
         selection = f" (a selection: {expected} of this shard's {shard})" if expected != shard else ""
         rows.append(("cases", f"{expected} expected{selection}; the profile holds {document['case_list']['count']}"))
+    rows.extend((f"skipped: {name}", why) for name, why in skipped_parts(document.get("environment") or {}))  # optional parts missing
     body = "".join(f"<dt>{escaped(name)}</dt><dd>{escaped(value)}</dd>" for name, value in rows)
     legend = " ".join(badge(outcome, f"{counts.get(outcome, 0)} {outcome}") for outcome in OUTCOME_STYLE)
     return f'<section id="run"><h2>Run</h2><dl class="run">{body}</dl><p>{len(results)} cases: {legend}</p></section>'
