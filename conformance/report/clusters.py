@@ -122,12 +122,14 @@ VERBS = {
     FailureKind.NAN_INF.value: "hold NaN/Inf",
     FailureKind.INVARIANT.value: "break an invariant",
     FailureKind.TOKENS.value: "generate other tokens",
+    FailureKind.BASE_CHANGED.value: "change when LoRA is enabled (against the same engine with LoRA disabled)",
 }
 WHOLE_CALL = {  # kind → (where, title)
     FailureKind.WRONG_OUTPUT_TYPE.value: ("the output tensor", "the output changes shape or dtype"),
     FailureKind.MODIFIED_INPUT.value: ("an input tensor", "an input tensor is modified"),
     FailureKind.SYSTEMATIC.value: ("the LoRA delta", "the LoRA delta carries a systematic error"),
     FailureKind.PRECISION.value: ("the output", "the output has the precision of a coarser dtype"),
+    FailureKind.STALE_STATE.value: ("the served steps", "served step after step, a batch reads state left by capture or an earlier step"),
     FailureKind.RAISED.value: ("the call", "the target raises"),  # with the result's ``raised``: its type and frame
     FailureKind.CRASHED.value: ("the call", "the process running the case crashes"),
     FailureKind.TIMED_OUT.value: ("the call", "the case hangs past its timeout"),

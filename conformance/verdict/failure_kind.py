@@ -27,6 +27,8 @@ class FailureKind(str, enum.Enum):
     INVARIANT = "broke an invariant"  # an op judged by its invariants (moe_lora_align_block_size) broke one
     MODIFIED_INPUT = "modified an input"  # an input tensor (read-only in every op's contract) changed
     NONDETERMINISTIC = "nondeterministic"  # repeated calls on the same inputs differ (a fail with --require-deterministic)
+    STALE_STATE = "stale state"  # serving: a step fails served where its batch passes called fresh, or writes past its batch
+    BASE_CHANGED = "changed base requests"  # end to end: LoRA changed requests without an adapter
     TOKENS = "generated other tokens"  # end to end: greedy or top-1 tokens differ beyond near-ties
     # the target did not return normally (outcome "broken")
     RAISED = "raised"  # the target raised an exception
@@ -66,6 +68,15 @@ KIND_DOCS = {
     "flipped or a NaN with another payload is recorded as a bit-level difference, not failed)",
     FailureKind.NONDETERMINISTIC: "the same call on fresh copies of the same inputs gave results that differ bit "
     "for bit; a failure only under --require-deterministic (otherwise the result is labelled nondeterministic)",
+    FailureKind.STALE_STATE: "serving, step after step (the serving level): a step's real rows are wrong when the target "
+    "serves the batch on its persistent buffers (padded to a captured size, replayed from a graph, after other steps) "
+    "though the same batch called fresh passes, or the step wrote rows of the persistent output past the rows it was given: "
+    "state kept from capture or from an earlier step (a host value frozen at capture, metadata written where the graph "
+    "does not read, a stale tail of padded rows)",
+    FailureKind.BASE_CHANGED: "end to end: requests without an adapter, batched with adapter requests, do not get what "
+    "the same engine with LoRA disabled gives them (tokens beyond near-ties, or log-probabilities beyond the bound): "
+    "enabling LoRA changed the base model (vllm#49063; vllm#42007/#42008); whatever else such a request shows is its "
+    "consequence",
     FailureKind.TOKENS: "end to end: a generated or top-1 token differs from the reference where it is no near-tie",
     FailureKind.RAISED: "the target raised an exception",
     FailureKind.CRASHED: "the process running the case died (a signal such as SIGSEGV or SIGABRT, or an exit from "
