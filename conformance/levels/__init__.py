@@ -1,7 +1,8 @@
 """The levels of the contract, each a kind of one case (``conformance.levels.base.CaseKind``).
 
 ``KINDS`` is every level the session runs and the plugin makes tests of, in the order their cases are
-listed: op cases (kernels and wrapper methods), end-to-end model cases, tensor-parallel layer cases, then
+listed: op cases (kernels and wrapper methods), end-to-end model cases, tensor-parallel layer cases, serving
+cases (one target instance step after step), then
 the levels installed packages declare. A third party's level is a package with an entry point in the
 group ``lora_conformance.levels`` naming its ``CaseKind`` instance (``examples/custom_level``): the
 session lists, runs, journals, reports and gates its cases as it does the built-in ones.
@@ -17,9 +18,10 @@ from .context import LevelContext
 from .layer import LAYER
 from .model import MODEL
 from .op import OP
+from .serving import SERVING
 
 LEVELS_GROUP = "lora_conformance.levels"
-BUILT_IN_KINDS: tuple[CaseKind, ...] = (OP, MODEL, LAYER)
+BUILT_IN_KINDS: tuple[CaseKind, ...] = (OP, MODEL, LAYER, SERVING)
 
 
 class LevelError(RuntimeError):
@@ -59,5 +61,5 @@ def kind_of(case: Any, kinds: tuple[CaseKind, ...] = KINDS) -> CaseKind:
     raise TypeError(f"no level owns a case of type {type(case).__name__} (levels: {', '.join(k.name for k in kinds)})")
 
 
-__all__ = ["BREAKDOWNS", "BUILT_IN_KINDS", "KINDS", "LAYER", "LEVELS_GROUP", "MODEL", "OP", "CaseKind", "LevelContext",
+__all__ = ["BREAKDOWNS", "BUILT_IN_KINDS", "KINDS", "LAYER", "LEVELS_GROUP", "MODEL", "OP", "SERVING", "CaseKind", "LevelContext",
            "LevelError", "breakdown_message", "installed_kinds", "kind_of"]

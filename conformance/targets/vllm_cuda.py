@@ -55,6 +55,7 @@ from conformance.reference import LoRAMapping
 from . import vllm_cuda_moe as moe
 from ._vllm import vllm_version
 from .base import TargetUnavailable
+from .capture import cuda_graph_capture
 from .vllm_wrapper import (  # noqa: F401 - allowed_lora_rank, update_metadata_kwargs: this target's API, also used by its tests
     FULL_LINEAR_MISSING,
     VllmPunicaWrapperTarget,
@@ -680,3 +681,7 @@ class VllmCudaTarget(VllmPunicaWrapperTarget):
 
     def synchronize(self) -> None:
         torch.cuda.synchronize()
+
+    def capture(self, step):
+        """A serving step in a CUDA graph, as vLLM's runner captures its forward pass."""
+        return cuda_graph_capture(step)

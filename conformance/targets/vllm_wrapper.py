@@ -409,6 +409,7 @@ class VllmPunicaWrapperTarget(TokenHeadFromShrink, Target):
     def __init__(self) -> None:
         super().__init__()
         self.wrapper = None
+        self.serving_wrapper = None  # the one wrapper of a serving sequence (start_serving)
         self.mapping: LoRAMapping | None = None
         for op, kernel in self.kernel_ops.items():  # vLLM's names and order: the suite calls them as they are
             setattr(self, op, kernel)
@@ -452,9 +453,21 @@ class VllmPunicaWrapperTarget(TokenHeadFromShrink, Target):
                 kwargs["lora_config"] = config
         return self.wrapper_class(tokens, batches, self.device, **kwargs)
 
+    # vLLM's GPU runner: the mapping covers a batch's real tokens, the layer gets the rows padded to a graph's size
+    serving_padding: ClassVar[str] = "real-rows"
+
+    def start_serving(self, capacity) -> None:
+        """One wrapper for a whole serving sequence, as vLLM's model manager builds one at start-up:
+        ``construct_wrapper`` given the largest batch (``capacity.max_tokens`` tokens in ``capacity.max_batches``
+        sequences); ``update_metadata`` then writes every step's batch into that wrapper's buffers."""
+        seqs = max(1, min(capacity.max_batches, capacity.max_tokens))
+        lens = tuple(capacity.max_tokens // seqs + (i < capacity.max_tokens % seqs) for i in range(seqs))
+        largest = LoRAMapping((-1,) * capacity.max_tokens, (-1,) * seqs, lens, False, capacity.num_slots)
+        self.serving_wrapper = self.construct_wrapper(largest)
+
     def update_metadata(self, mapping: LoRAMapping) -> None:
         self.mapping = mapping
-        self.wrapper = self.construct_wrapper(mapping)
+        self.wrapper = self.serving_wrapper if self.serving_wrapper is not None else self.construct_wrapper(mapping)
         # max_loras = slots + 1, as vLLM's LoRAModelManager passes lora_slots + 1 (it places the −1 rows of
         # sampler_indices_padded, which no wrapper method of vLLM 0.32 reads).
         self.wrapper.update_metadata(

@@ -46,6 +46,7 @@ from types import ModuleType
 import torch
 
 from ..base import TargetUnavailable
+from ..capture import emulated_capture, hpu_graph_capture
 
 ENV_MODE = "LORA_CONFORMANCE_HPU_MODE"
 ENV_GRAPHS = "LORA_CONFORMANCE_HPU_GRAPHS"
@@ -85,6 +86,10 @@ class CpuDeviceLayer:
 
     def check_placement(self, tensor: torch.Tensor) -> None:
         """Raise when a result did not land on this layer's device."""
+
+    def capture(self, step: Callable[[], None]) -> Callable[[], None]:
+        """A serving step recorded once and replayed: the CPU graph emulation (``conformance.targets.capture``)."""
+        return emulated_capture(step)
 
     def describe(self) -> str:
         return f"cpu ({self.mode})"
@@ -256,6 +261,10 @@ class HpuDeviceLayer:
         if self.hpu_graphs:
             return self.runtime.htorch.hpu.wrap_in_hpu_graph(_Captured(fn), disable_tensor_cache=True)
         return fn
+
+    def capture(self, step: Callable[[], None]) -> Callable[[], None] | None:
+        """A serving step in an HPU graph (lazy mode only: eager and compile mode run steps eagerly, None)."""
+        return hpu_graph_capture(step) if self.mode == "lazy" else None
 
     def check_placement(self, tensor: torch.Tensor) -> None:
         if tensor.device.type != self.device.type:

@@ -70,6 +70,10 @@ class _HpuImplementationTarget(HpuPunicaWrapper, HpuKernelOps, Target):
     def synchronize(self) -> None:
         self.engine.layer.synchronize()
 
+    def capture(self, step):
+        """Serving steps as the device layer captures them: the CPU graph emulation, or HPU graphs in lazy mode."""
+        return self.engine.layer.capture(step)
+
     def describe(self) -> str:
         return (f"{self.name}: {self.variant} variant (MoE: {self.moe_variant}) on {self.engine.layer.describe()}, "
                 f"buckets {self.engine.buckets.describe()}")

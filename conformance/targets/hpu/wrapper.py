@@ -44,6 +44,15 @@ class HpuPunicaWrapper(TokenHeadFromShrink, Vllm034Layers):
         self.engine = engine
         self.token_rows: PaddedRows | None = None
         self.sampled_rows: PaddedRows | None = None
+        self.serving: dict[str, torch.Tensor] = {}  # persistent slot vectors, once start_serving ran
+
+    def start_serving(self, capacity) -> None:
+        """Slot vectors that live as long as the server: ``update_metadata`` then writes each batch's slots into
+        them in place, so a captured graph, which reads the tensors it saw at capture, reads the new batch. Each
+        is as long as the bucket of the largest batch (``capacity.max_tokens``), its tail −1."""
+        rows = self.engine.buckets.bucket(max(capacity.max_tokens, 1))
+        device = self.engine.device
+        self.serving = {kind: torch.full((rows,), -1, dtype=torch.int32, device=device) for kind in ("token", "sampled")}
 
     # -- the batch -----------------------------------------------------------------------------
 
@@ -52,8 +61,21 @@ class HpuPunicaWrapper(TokenHeadFromShrink, Vllm034Layers):
 
     def set_slots(self, token_slots: torch.Tensor, sampled_slots: torch.Tensor) -> None:
         """One slot per token and one per sampled row (−1 = none); padded and masked on the device."""
+        if self.serving:
+            self.token_rows = self._in_place("token", token_slots)
+            self.sampled_rows = self._in_place("sampled", sampled_slots)
+            return
         self.token_rows = self.engine.rows(token_slots)
         self.sampled_rows = self.engine.rows(sampled_slots)
+
+    def _in_place(self, kind: str, slots: torch.Tensor) -> PaddedRows:
+        """The batch's slots written into the persistent vector, the whole tail reset to −1 (no stale rows)."""
+        buffer, count = self.serving[kind], slots.numel()
+        if count > buffer.numel():
+            raise ValueError(f"a batch of {count} rows is larger than the {buffer.numel()} start_serving made room for")
+        buffer[:count].copy_(slots.reshape(-1))
+        buffer[count:].fill_(-1)
+        return PaddedRows(buffer[: self.engine.buckets.bucket(max(count, 1))], count)
 
     def token_lora_slots(self) -> torch.Tensor:
         """The real tokens' slots (the bucket's padding cut off), for ``token_classification_head``."""

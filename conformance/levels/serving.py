@@ -1,0 +1,142 @@
+"""Serving cases (``serving:…``): one target instance, persistent buffers, captured graphs, step after step.
+
+The values are drawn here, in the referee's process (``conformance.serving.values``); the target's worker
+drives a new instance of the target through the steps and calls each step's batch fresh
+(``conformance.serving.driver``); every step is judged here (``conformance.serving.judgement``). The
+case's result is its first failing step's, with the worst measurement over its steps; a pass says how
+the target ran the steps (captured graphs, or eagerly where it captures nothing).
+"""
+
+from __future__ import annotations
+
+import time
+
+from conformance.cases.features import case_features
+from conformance.digest import tensors_digest
+from conformance.levels.context import LevelContext
+from conformance.record import CaseResult
+from conformance.serving.case import ServingCase
+from conformance.serving.driver import ServedRun
+from conformance.serving.judgement import describe_step, judge_steps
+from conformance.serving.scenarios import serving_cases
+from conformance.serving.values import request_values
+from conformance.targets.facts import TargetFacts
+from conformance.verdict import FailureKind, Outcome
+from conformance.wire import Limits, WireError, from_data
+
+from .base import BREAKDOWNS, CaseKind
+
+LEVEL = "serving"
+
+
+def values_digest(initial: dict, steps: list[dict]) -> str:
+    """The digest of a serving case's inputs: the buffers' first contents and every step's values."""
+    return tensors_digest({**{f"initial.{k}": v for k, v in initial.items()},
+                           **{f"step{i}.{k}": v for i, values in enumerate(steps) for k, v in values.items()}})
+
+
+class ServingResult(CaseResult):
+    case: ServingCase
+
+    @property
+    def level(self) -> str:
+        return LEVEL
+
+
+def reply_limits(initial: dict, steps: list[dict]) -> Limits:
+    """Every persistent buffer after every step, and every handed tensor of every fresh call, at most twice their size."""
+    buffers = sum(t.numel() * t.element_size() for t in initial.values()) + sum(
+        t.numel() * t.element_size() for name, t in steps[0].items() if name not in initial)
+    handed = sum(sum(t.numel() * t.element_size() for t in values.values()) for values in steps)
+    count = len(steps) * (len(initial) + len(steps[0]) * 2 + 8)
+    return Limits(tensor_bytes=2 * (len(steps) * buffers + handed) + (1 << 20), tensors=count)
+
+
+def read_answer(data, case: ServingCase) -> ServedRun:
+    run = from_data(ServedRun, data, "the serving case's answer")
+    steps = len(case.steps)
+    if run.status == "ran" and not (len(run.steps) == len(run.fresh) == len(run.rows) == steps):
+        raise WireError(f"the serving answer ran {len(run.steps)} step(s), {len(run.fresh)} fresh call(s) and gave "
+                        f"{len(run.rows)} row count(s), not {steps} of each")
+    for step, rows in zip(case.steps, run.rows):
+        if rows not in (step.rows, step.num_tokens):  # padded to the step's size, or unpadded: nothing else
+            raise WireError(f"the serving answer says a step of {step.num_tokens} token(s) padded to {step.rows} ran on {rows} rows")
+    if run.status == "not_supported" and (run.steps or run.fresh):
+        raise WireError("the serving answer is 'not supported' yet holds steps")
+    return run
+
+
+class ServingKind(CaseKind):
+    name = LEVEL
+    markers = {LEVEL: "a serving case: one target instance driven step after step on persistent buffers, padded "
+                      "batches and captured graphs (conformance.serving)"}
+    result_type = ServingResult
+    target_half = "conformance.serving.driver:serve"
+
+    def owns(self, case) -> bool:
+        return isinstance(case, ServingCase)
+
+    def features(self, case: ServingCase) -> frozenset[str]:
+        """The serving features (family, graph policy, step modes, padding) and every feature of every step's batch
+        as an op case: a serving case exercises what its batches exercise (a known failure of the op matches it)."""
+        return case.features().union(*(case_features(case.step_case(index)) for index in range(len(case.steps))))
+
+    def cases(self, profile: str, seed: int) -> list[tuple[str, ServingCase]]:
+        return [(case.case_id, case) for case in serving_cases(profile, seed)]
+
+    def case_from_json(self, data: dict) -> ServingCase:
+        return ServingCase.from_json(data)
+
+    def inputs_digest(self, case: ServingCase) -> str:
+        return values_digest(*request_values(case))
+
+    def unsupported_reason(self, facts: TargetFacts, case: ServingCase) -> str | None:
+        if not facts.defines(case.op):
+            return facts.why_not_implemented.get(case.op, f"{facts.name} does not implement {case.op}")
+        if not facts.claims(case.dtype):
+            return f"{facts.name} does not support {case.dtype}"
+        return None
+
+    def run(self, context: LevelContext, case_id: str, case: ServingCase, values=None) -> CaseResult:
+        initial, steps = request_values(case) if values is None else values
+        request = {"case": case.to_json(), "initial": initial, "steps": steps}
+        started = time.perf_counter()
+        try:
+            run = context.executor.call(self.name, self.target_half, case_id, request, limits=reply_limits(initial, steps),
+                                        parse=lambda data: read_answer(data, case))
+        except BREAKDOWNS as exc:
+            return self.broken_by(exc, case_id, case, time.perf_counter() - started)
+        result = self.judged(case_id, case, initial, steps, run)
+        result.seconds = time.perf_counter() - started
+        return result
+
+    def judged(self, case_id: str, case: ServingCase, initial, steps, run: ServedRun) -> ServingResult:
+        features = self.features(case)
+        if run.status == "not_supported":
+            return ServingResult(case_id, case, Outcome.NOT_SUPPORTED, run.message, features=features)
+        digest = values_digest(initial, steps)
+        if run.status == "raised":
+            where = (describe_step(case, run.raised_in) if run.raised_in is not None and run.raised_in < len(case.steps)
+                     else f"the fresh call of step {run.raised_in - len(case.steps) + 1}" if run.raised_in is not None else "serving")
+            return ServingResult(case_id, case, Outcome.BROKEN, f"{where} raised: {run.message}", features=features,
+                                 kinds=(FailureKind.RAISED,), traceback=run.traceback, raised=run.raised, inputs_digest=digest)
+        judged = judge_steps(case, initial, steps, run)
+        measurements = [j.served.measurement for j in judged if j.served is not None and j.served.measurement is not None]
+        measurement = max(measurements, key=lambda m: m.budget_ratio) if measurements else None
+        failing = [j for j in judged if not j.passed]
+        if not failing:
+            return ServingResult(case_id, case, Outcome.PASS, f"{len(case.steps)} steps served: {run.graphs}", measurement,
+                                 features, inputs_digest=digest)
+        first = failing[0]
+        others = f" ({len(failing) - 1} later step(s) fail too)" if len(failing) > 1 else ""
+        served = first.served
+        return ServingResult(
+            case_id, case, Outcome.FAIL, f"{describe_step(case, first.index)}: {'; '.join(first.problems)}{others}; {run.graphs}",
+            measurement, features, failing_slots=served.failing_slots if served else (),
+            failing_slices=served.failing_slices if served else (), kinds=first.kinds, inputs_digest=digest,
+        )
+
+
+SERVING = ServingKind()
+
+__all__ = ["LEVEL", "SERVING", "ServingKind", "ServingResult"]
