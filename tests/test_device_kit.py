@@ -98,6 +98,23 @@ def test_the_hpu_closure_leaves_out_torch_and_what_only_torch_needs():
     assert closure["peft"] == "0.21.2"
 
 
+@pytest.mark.integration
+def test_the_kit_names_the_commit_and_says_when_the_checkout_differs_from_it(tmp_path):
+    """The suite's wheel is built from the working tree: a kit made from a checkout with changed or new files
+    must not claim the bare commit (a lab's report would then name code it never ran)."""
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "a.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "a"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert kit_script.git_commit(tmp_path) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "b.py").write_text("")
+    assert kit_script.git_commit(tmp_path) == f"{head} + uncommitted changes in 2 files"
+
+
 # -- the run script ---------------------------------------------------------------------------------------------
 
 

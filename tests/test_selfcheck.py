@@ -76,6 +76,8 @@ def test_a_target_that_cannot_load_fails_with_the_reason():
     status, text = run_check("no_such_module:Target")
     assert status == 1
     assert "FAIL  target no_such_module:Target: cannot run here" in text
+    # its one FAIL is why it cannot run: a target that never loaded is not blamed for implementing no op
+    assert "implements no op" not in text and text.rstrip().endswith("self-check FAILED: 1 check(s) marked FAIL"), text
 
 
 def test_the_console_script_runs_it():
