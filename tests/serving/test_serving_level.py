@@ -63,3 +63,18 @@ def test_a_vllm_wrapper_target_serves_every_step_with_the_one_wrapper_it_built_a
     fresh = load("cpu")
     fresh.update_metadata(LoRAMapping((2,), (2,), (1,), False, 3))  # no start_serving: a wrapper per batch, as op cases
     assert fresh.wrapper is not None and fresh.wrapper._token_lora_indices.numel() == 1
+
+
+def test_the_hpu_wrapper_writes_every_batch_into_the_slot_vectors_start_serving_made():
+    """A captured graph reads the tensors it saw at capture: the batch's slots must land in them, the tail reset."""
+    from conformance.reference import LoRAMapping
+    from conformance.targets import load
+    from conformance.targets.capture import ServingCapacity
+
+    target = load("hpu-emulated")
+    target.start_serving(ServingCapacity(max_tokens=64, max_batches=64, num_slots=3, max_rank=16))
+    persistent = target.serving["token"]
+    target.update_metadata(LoRAMapping((0, 1, 2, 2, 1, 0), (0, 1, 2), (2, 2, 2), True, 3))
+    target.update_metadata(LoRAMapping((2, -1), (2, -1), (1, 1), False, 3))
+    assert target.token_rows.slots.untyped_storage().data_ptr() == persistent.untyped_storage().data_ptr()
+    assert persistent[:2].tolist() == [2, -1] and (persistent[2:] == -1).all()  # nothing left of the first batch
