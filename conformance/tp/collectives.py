@@ -2,7 +2,8 @@
 
 ``tensor_model_parallel_all_gather(t, dim=-1)`` concatenates every rank's tensor along ``dim`` in rank
 order; ``tensor_model_parallel_all_reduce(t)`` sums them. :class:`ProcessGroupCollectives` runs them
-with ``torch.distributed`` (gloo, nccl or hccl) between the rank processes of ``conformance.tp.pool``;
+with ``torch.distributed`` (gloo, nccl or hccl) between the rank processes of ``conformance.tp.pool``
+(gloo between ranks on a device joins host copies of their tensors: ``conformance.tp.placement``);
 :class:`ThreadCollectives` runs the same composition with every rank as a thread of one process and
 sums in rank order in the tensors' dtype. The baseline of a case (what a correct target computes in
 the case dtype, partial sums rounded where the collective rounds them) is the reference wrapper run
@@ -21,27 +22,35 @@ class ProcessGroupCollectives:
     when the rank enters (True) and leaves (False) a collective: the pool names a hung rank from it (a rank
     waiting in a collective waits for a peer; the peer elsewhere is the one that hangs)."""
 
-    def __init__(self, rank: int, world_size: int, report=None) -> None:
+    def __init__(self, rank: int, world_size: int, report=None, on_host: bool = False) -> None:
         self.rank, self.world_size = rank, world_size
         self.report = report or (lambda inside: None)
+        # gloo (the CPU's backend, and the one ranks sharing a device fall back to: conformance.tp.placement) is
+        # handed host copies, which it supports for every collective and dtype, and the result goes back to the
+        # device the layer runs on; for CPU tensors both copies are no-ops
+        self.on_host = on_host
+
+    def _staged(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to("cpu").contiguous() if self.on_host else tensor.contiguous()
 
     def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
         import torch.distributed as dist
 
-        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        staged = self._staged(tensor)
+        parts = [torch.empty_like(staged) for _ in range(self.world_size)]
         self.report(True)
-        dist.all_gather(parts, tensor.contiguous())
+        dist.all_gather(parts, staged)
         self.report(False)
-        return torch.cat(parts, dim=dim)
+        return torch.cat(parts, dim=dim).to(tensor.device)
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
-        tensor = tensor.contiguous()
+        staged = self._staged(tensor)
         self.report(True)
-        dist.all_reduce(tensor)
+        dist.all_reduce(staged)
         self.report(False)
-        return tensor
+        return staged.to(tensor.device)
 
 
 class ThreadCollectives:

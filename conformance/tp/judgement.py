@@ -23,7 +23,7 @@ from conformance.reference.punica_wrapper import PunicaWrapperReference
 from conformance.runner import describe_rows
 from conformance.verdict import judge
 from conformance.verdict.bit_differences import bit_level_notes
-from conformance.verdict.failure_kind import ordered
+from conformance.verdict.failure_kind import FailureKind, ordered
 
 from .case import TPCase
 from .collectives import run_in_threads
@@ -108,10 +108,12 @@ def failing_ranks(case: TPCase, columns: tuple[int, ...], replica: int = 0) -> t
 
 
 def judge_output(case: TPCase, actual: torch.Tensor, tensors: LayerTensors | None = None):
-    """``(verdict, message, failing_slots, failing_ranks, kinds)`` for the gathered ``actual``
+    """``(verdict, message, failing_slots, failing_ranks, kinds, outside_zeroed)`` for the gathered ``actual``
     (``[replica_groups, T, Σ N_s]``): every replica group's output is judged; the verdict returned is the
     first failing one's (else the first's), the message, slots, ranks and kinds cover them all (a pass's
-    message says what differs in bits only, if anything). An MoE
+    message says what differs in bits only, if anything). ``outside_zeroed``, as an op result's: where the
+    layer changed elements it must leave as they were (rows without an adapter), whether every one is now
+    zero in every group (None where it changed none). An MoE
     case is judged by ``conformance.tp.moe_layer.judge_moe_output``."""
     if isinstance(case, MoETPCase):
         return judge_moe_output(case, actual, tensors)
@@ -123,7 +125,7 @@ def judge_output(case: TPCase, actual: torch.Tensor, tensors: LayerTensors | Non
     if not failing:
         notes = [(f"replica group {j}: " if case.replica_groups > 1 else "") + note for j, verdict in enumerate(verdicts)
                  for note in bit_level_notes(verdict.measurement.bit_differences, lambda rows: describe_rows(rows, case.token_slots))]
-        return verdicts[0], "; ".join(notes), (), (), ()
+        return verdicts[0], "; ".join(notes), (), (), (), None
     row_slots = case.token_slots
     details, slots, ranks, kinds = [], set(), set(), []
     for j, verdict in failing:
@@ -135,4 +137,5 @@ def judge_output(case: TPCase, actual: torch.Tensor, tensors: LayerTensors | Non
             kinds.append(problem.kind)
         slots |= {row_slots[row] for p in verdict.problems for row in p.rows}
         ranks |= set(failing_ranks(case, tuple(c for p in verdict.problems for c in p.columns), j))
-    return failing[0][1], "; ".join(details), tuple(sorted(slots)), tuple(sorted(ranks)), ordered(kinds)
+    zeroed = [p.zeroed for _, verdict in failing for p in verdict.problems if p.kind is FailureKind.OUTSIDE_REGION]
+    return failing[0][1], "; ".join(details), tuple(sorted(slots)), tuple(sorted(ranks)), ordered(kinds), all(zeroed) if zeroed else None

@@ -20,7 +20,7 @@ from conformance.reference.punica_wrapper import PunicaWrapperReference
 from conformance.runner import describe_rows
 from conformance.verdict import judge
 from conformance.verdict.bit_differences import bit_level_notes
-from conformance.verdict.failure_kind import ordered
+from conformance.verdict.failure_kind import FailureKind, ordered
 
 from .collectives import run_in_threads
 from .moe_case import MoETPCase
@@ -86,7 +86,8 @@ def moe_failing_ranks(case: MoETPCase, columns: tuple[int, ...]) -> tuple[int, .
 
 
 def judge_moe_output(case: MoETPCase, actual: torch.Tensor, tensors: MoETensors | None = None):
-    """``(verdict, message, failing_slots, failing_ranks, kinds)`` for the joined ``actual`` ``[1, T·top_k, judged]``."""
+    """``(verdict, message, failing_slots, failing_ranks, kinds, outside_zeroed)`` for the joined ``actual``
+    ``[1, T·top_k, judged]`` (``outside_zeroed`` as ``conformance.tp.judgement.judge_output``'s)."""
     tensors = tensors or moe_tensors(case)
     oracle, baseline = moe_oracle_output(case, tensors), moe_baseline_output(case, tensors)
     delta = moe_oracle_output(case, replace(tensors, y=torch.zeros_like(tensors.y)))
@@ -94,7 +95,7 @@ def judge_moe_output(case: MoETPCase, actual: torch.Tensor, tensors: MoETensors 
     verdict = judge(actual[0], oracle, baseline[0], tensors.y, moe_written_mask(case), delta, magnitude)
     if verdict.passed:
         notes = bit_level_notes(verdict.measurement.bit_differences, lambda rows: describe_rows(rows, case.pair_slots))
-        return verdict, "; ".join(notes), (), (), ()
+        return verdict, "; ".join(notes), (), (), (), None
     row_slots = case.pair_slots
     details, kinds = [], []
     for problem in verdict.problems:
@@ -104,4 +105,5 @@ def judge_moe_output(case: MoETPCase, actual: torch.Tensor, tensors: MoETensors 
         kinds.append(problem.kind)
     slots = tuple(sorted({row_slots[row] for p in verdict.problems for row in p.rows}))
     ranks = moe_failing_ranks(case, tuple(c for p in verdict.problems for c in p.columns))
-    return verdict, "; ".join(details), slots, ranks, ordered(kinds)
+    zeroed = next((p.zeroed for p in verdict.problems if p.kind is FailureKind.OUTSIDE_REGION), None)
+    return verdict, "; ".join(details), slots, ranks, ordered(kinds), zeroed

@@ -3,8 +3,10 @@
 Starting a rank costs a Python process with torch and the target loaded (about a second on a CPU,
 more with a device runtime), so a pool is started once per TP size and serves every case of that size.
 When a case goes wrong the pool cannot be trusted any more (a collective may be half done on some
-ranks): a rank that raises, dies or does not answer within the case timeout ends the whole pool, the
-case is recorded (:class:`RankFailure`), and the next case starts a fresh pool. Each rank is a
+ranks): a rank that dies or does not answer within the case timeout ends the whole pool, the case is
+recorded (:class:`RankFailure`), and the next case starts a fresh pool. A rank that raises (or raises
+``NotImplementedError``) ends it too, unless every other rank answers the same case within
+``STEP_GRACE`` seconds: then no collective is half done and the pool serves the next case. Each rank is a
 :class:`conformance.isolation.worker.WorkerProcess`, as the op worker is: spawned (never forked), the
 parent's environment and ``sys.path``, a session and process group of its own, dying with its parent;
 a hung rank is asked for its Python stacks (SIGUSR1) before it is killed, so the record says where it
@@ -22,14 +24,17 @@ from multiprocessing.connection import wait
 
 from conformance.isolation.protocol import Reply, Tag
 from conformance.isolation.worker import STACK_DUMP_WAIT, WorkerProcess, describe_exit, describe_leftovers
+from conformance.targets.device_traits import DeviceTraits
 from conformance.text import TRACEBACK_LIMIT, safe_text
 from conformance.verdict import FailureKind
 from conformance.wire import Limits, WireError, from_data
 
 from .layer_wire import RankAnswer, answer_limits, read_answer, request
+from .placement import Placement, place_ranks
 
 START_TIMEOUT = 600.0  # seconds for every rank to load torch and the target and join the process group
 CRASH_GRACE = 0.5  # after a rank raises, how long to look whether a peer died (its death is the cause)
+STEP_GRACE = 2.0  # after a rank raises, how long the others have to answer the case too, so the pool can stay
 
 __all__ = ["CRASH_GRACE", "START_TIMEOUT", "STACK_DUMP_WAIT", "RankFailure", "RankPool"]
 
@@ -63,16 +68,15 @@ def _answered(member: WorkerProcess) -> bool:
 class RankPool:
     """``tp_size`` rank processes of one target; ``run(case, timeout)`` returns rank 0's gathered output.
 
-    ``devices``: the device id each rank is given through ``device_env`` (``None``: every rank uses the
-    target's own device, as on the CPU).
+    ``placement``: each rank's device and the backend joining them (``conformance.tp.placement``); by
+    default every rank on the CPU with gloo.
     """
 
-    def __init__(self, target_name: str, tp_size: int, *, torch_threads: int = 1, devices: list[str] | None = None,
-                 device_env: str | None = None) -> None:
-        if devices is not None and len(devices) < tp_size:
-            raise ValueError(f"tensor parallelism {tp_size} needs {tp_size} devices, one per rank; --devices gives {len(devices)}")
+    def __init__(self, target_name: str, tp_size: int, *, torch_threads: int = 1, placement: Placement | None = None) -> None:
+        self.placement = placement or place_ranks(tp_size, None, DeviceTraits.builtin("cpu"), None)
+        if len(self.placement.devices) != tp_size:
+            raise ValueError(f"a placement of {len(self.placement.devices)} ranks for a pool of {tp_size}")
         self.target_name, self.tp_size, self.torch_threads = target_name, tp_size, torch_threads
-        self.devices, self.device_env = devices, device_env
         self._ranks: list[WorkerProcess] = []  # by rank
         self._directory: str | None = None
         self.device: dict | None = None  # rank 0's device description, once the pool started
@@ -97,19 +101,20 @@ class RankPool:
             return
         self.starts += 1
         self._directory = tempfile.mkdtemp(prefix=f"lora-conformance-tp{self.tp_size}-")
+        placement = self.placement
         for rank in range(self.tp_size):
-            device = self.devices[rank] if self.devices else None
+            env = placement.env(rank)
             member = WorkerProcess()
             self._ranks.append(member)
             member.spawn(
                 "conformance.tp.rank",
                 {
                     "target": self.target_name, "rank": rank, "world_size": self.tp_size, "torch_threads": self.torch_threads,
-                    "init_file": os.path.join(self._directory, "process-group"),
-                    "device_env": self.device_env if self.devices else None, "device": device,
+                    "init_file": os.path.join(self._directory, "process-group"), "backend": placement.backend,
+                    "device_env": placement.variable if env else None, "device": placement.devices[rank],
                 },
                 # the rank's device is in its environment from the start, before any device runtime loads
-                env_updates={self.device_env: device} if self.devices and self.device_env else None,
+                env_updates=env,
             )  # fmt: skip
         replies = self._collect(START_TIMEOUT, "loading the target and joining the process group", "the rank start-up limit",
                                 None, lambda rank: READY_LIMITS, self._ready)
@@ -171,15 +176,16 @@ class RankPool:
                     pending[connection] = rank
                     continue
                 if message.tag in (Tag.RAISE, Tag.NOT_SUPPORTED):
-                    self._failed(rank, message, seq, doing)
+                    self._failed(rank, message, seq, doing, pending, limits)
                 try:
                     answers[rank] = accept(message, rank)
                 except WireError as exc:
                     self._refused(rank, str(exc), doing)
         return [answers[rank] for rank in range(self.tp_size)]
 
-    def _failed(self, rank: int, message, seq: int | None, doing: str) -> None:
-        """A rank raised (or its wrapper raised NotImplementedError): the pool ends, and the failure is raised."""
+    def _failed(self, rank: int, message, seq: int | None, doing: str, pending: dict, limits) -> None:
+        """A rank raised (or its wrapper raised NotImplementedError): the failure is raised, and the pool ends unless
+        every other rank answered this case too (:meth:`_in_step`)."""
         try:
             reply = from_data(Reply, message.body, f"rank {rank}'s reply")
         except WireError as exc:
@@ -187,7 +193,8 @@ class RankPool:
         crashed = self._dead_peer(rank)
         if crashed is not None:
             self._crashed(crashed, doing)
-        self.close(kill=True)
+        if not self._in_step(pending, seq, limits):
+            self.close(kill=True)
         if message.tag == Tag.NOT_SUPPORTED:
             raise RankFailure(None, f"rank {rank} raised NotImplementedError: {safe_text(reply.message)}", (rank,))
         error = reply.error
@@ -200,6 +207,33 @@ class RankPool:
         self.close(kill=True)
         raise RankFailure(FailureKind.MALFORMED_REPLY, f"the reply of rank {rank} of {self.tp_size} was refused while {doing}: "
                           f"{what}; nothing in it was judged, every rank was killed and the next case starts a new pool", (rank,))
+
+    def _in_step(self, pending: dict, seq: int | None, limits) -> bool:
+        """After a rank raised in a case (not while the pool starts: such a rank exits): whether every rank still
+        ``pending`` answers this case too within ``STEP_GRACE`` seconds (raised, refused or finished), none left
+        in a collective. Then every rank is back in its loop and the pool serves the next case: a port whose
+        sharded path raises in every case costs one pool start (``tp_size`` imports of its framework), not one
+        per case."""
+        if seq is None:
+            return False
+        deadline = time.monotonic() + STEP_GRACE
+        pending = dict(pending)
+        while pending:
+            ready = wait(list(pending), max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return False
+            for connection in ready:
+                rank = pending.pop(connection)
+                try:
+                    message = self._ranks[rank].read(limits(rank))
+                    if message.tag == Tag.COLLECTIVE:
+                        pending[connection] = rank
+                        continue
+                    if from_data(Reply, message.body, f"rank {rank}'s reply").seq != seq:
+                        return False
+                except (EOFError, OSError, WireError, TimeoutError):
+                    return False
+        return True
 
     def _dead_peer(self, raised: int) -> int | None:
         """A rank that died without an answer shortly after ``raised`` raised (its peers' errors are then its echo).

@@ -1,7 +1,9 @@
 """One rank of a tensor-parallel pool: ``python -m conformance.tp.rank READ_FD WRITE_FD``.
 
-It loads the target by name (``conformance.targets.registry``), joins the pool's ``torch.distributed``
-process group (gloo on the CPU, nccl on CUDA, hccl on Gaudi: the target's device type decides), and
+It loads the target by name (``conformance.targets.registry``) on the device its pool placed it on
+(``conformance.tp.placement``: the visible-devices variable set before any runtime loads), joins the
+pool's ``torch.distributed`` process group with the backend the placement chose (the device type's own:
+gloo on the CPU, nccl on CUDA, hccl on Gaudi; gloo, through host copies, for ranks sharing a GPU), and
 then runs its shard of every case its parent (``conformance.tp.pool``) sends: ``update_metadata`` with
 the case's mapping, the layer's composition (``conformance.tp.composition``) with the target's wrapper
 methods (watched for writes into their inputs, ``conformance.tp.inputs``) and the process group's
@@ -34,17 +36,6 @@ from conformance.wire import Channel, from_data, to_data
 COLLECTIVE_TIMEOUT = dt.timedelta(minutes=10)  # the parent's case timeout ends a hung rank long before
 
 
-def backend_for(target) -> str:
-    """The ``torch.distributed`` backend of the target's device type, as its class states it
-    (``Target.device_traits``: gloo, nccl, hccl for the built-in device types)."""
-    backend = type(target).device_traits().distributed_backend
-    if backend is None:
-        raise ValueError(
-            f"no torch.distributed backend known for device type {target.device.type!r}: the target class states one "
-            "in device_traits() (conformance.targets.device_traits.DeviceTraits)"
-        )
-    return backend
-
 
 def main(argv: list[str]) -> int:
     channel = Channel(int(argv[0]), int(argv[1]))
@@ -68,14 +59,15 @@ def main(argv: list[str]) -> int:
     rank, world_size = config["rank"], config["world_size"]
     try:
         target = load(config["target"])
-        backend = backend_for(target)
+        backend = config["backend"]
         dist.init_process_group(backend, init_method=f"file://{config['init_file']}", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
         channel.send(Tag.READY, {"device": {**device_description(target.device.type), "backend": backend}})
     except Exception as exc:  # noqa: BLE001 - the parent reports it for every case
         channel.send(Tag.RAISE, to_data(Reply(-1, "", error=RemoteError.of(exc))))
         return 1
     current = [-1]  # the call being run, for the collective messages
-    collectives = ProcessGroupCollectives(rank, world_size, lambda inside: channel.send(Tag.COLLECTIVE, {"seq": current[0], "in": inside}))
+    collectives = ProcessGroupCollectives(rank, world_size, lambda inside: channel.send(Tag.COLLECTIVE, {"seq": current[0], "in": inside}),
+                                          on_host=backend == "gloo")  # a no-op for CPU tensors
     while True:
         try:
             message = channel.receive()

@@ -14,9 +14,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from conformance.devices import visible_devices_variable
+from conformance.devices import visible_device_ids
 from conformance.ops import Level
 from conformance.record import CaseResult
+from conformance.targets.device_traits import DeviceTraits
 from conformance.targets.facts import TargetFacts
 from conformance.verdict import FailureKind, Outcome
 from conformance.verdict.failure_kind import ordered
@@ -27,6 +28,7 @@ from .composition import required_methods
 from .judgement import judge_output
 from .layer_wire import RankAnswer
 from .moe_case import MoETPCase
+from .placement import Placement, place_ranks
 from .pool import RankFailure, RankPool
 
 TP_CASE_TIMEOUT = 120.0  # seconds: a TP case takes about a second; the profile's timeout is sized for op workers
@@ -34,17 +36,22 @@ TP_CASE_TIMEOUT = 120.0  # seconds: a TP case takes about a second; the profile'
 
 @dataclass
 class TPResult(CaseResult):
-    """One tensor-parallel case's result: an op case's record at level "layer", with the ranks a failure names."""
+    """One tensor-parallel case's result: an op case's record at level "layer", with the ranks a failure names and
+    where its ranks ran (``placement``: ``conformance.tp.placement.Placement.to_json``; None where no rank started)."""
 
     case: TPCase | MoETPCase
     failing_ranks: tuple[int, ...] = ()
+    placement: dict | None = None
 
     @property
     def level(self) -> Level:
         return Level.LAYER
 
     def to_json(self) -> dict:
-        return {**super().to_json(), "failing_ranks": list(self.failing_ranks)}
+        record = {**super().to_json(), "failing_ranks": list(self.failing_ranks)}
+        if self.placement is not None:
+            record["placement"] = self.placement
+        return record
 
 
 def unsupported_reason(facts: TargetFacts, case: TPCase | MoETPCase) -> str | None:
@@ -64,27 +71,6 @@ def unsupported_reason(facts: TargetFacts, case: TPCase | MoETPCase) -> str | No
     return None
 
 
-def rank_devices(devices: str | list[str] | None, device_type: str, tp_size: int, device_env: str | None) -> tuple[list[str] | None, str | None]:
-    """The device id of each rank and the variable that selects it, from ``--devices``.
-
-    Rank r gets the r-th entry of the ``--devices`` list (``auto``, or no ``--devices`` on an
-    accelerator: device r). On the CPU without ``--devices``: none (every rank uses the CPU).
-    """
-    if devices is None and device_type == "cpu":
-        return None, None
-    variable = visible_devices_variable(device_type, device_env)
-    if variable is None:
-        raise ValueError(f"tensor-parallel ranks on {device_type} need a visible-devices variable: name it with --device-env=VAR")
-    if devices is None or devices == "auto":
-        return [str(rank) for rank in range(tp_size)], variable
-    if len(devices) < tp_size:
-        raise ValueError(
-            f"tensor parallelism {tp_size} runs one rank per device, but --devices lists {len(devices)} "
-            f"({','.join(devices)}); list at least {tp_size}, or leave TP cases out with -m 'not tp'"
-        )
-    return list(devices[:tp_size]), variable
-
-
 class TPExecutor:
     def __init__(self, target_name: str, facts: TargetFacts, *, case_timeout: float | None, torch_threads: int = 1,
                  devices: str | list[str] | None = None, device_env: str | None = None, runs: int = 1,
@@ -98,28 +84,49 @@ class TPExecutor:
         self.devices, self.device_env = devices, device_env
         self._pool: RankPool | None = None
         self._start_errors: dict[int, RankFailure] = {}  # a pool that cannot start: said once per case, not retried
+        self._visible: list[list[str] | None] | None = None  # [the device ids that exist here], once counted
         self.pool_starts = 0
         self.leftover_processes: list[str] = []  # what the target left running in its ranks' process groups (killed)
 
-    def _pool_for(self, tp_size: int) -> RankPool:
+    def placement(self, tp_size: int) -> Placement:
+        """Where ``tp_size`` ranks of this target run (``conformance.tp.placement``), from the devices that exist
+        here (``conformance.devices.visible_device_ids``, counted once per executor)."""
+        facts = self.facts
+        if self._visible is None:
+            variable = self.device_env or facts.visible_devices_env
+            self._visible = [visible_device_ids(facts.device_type, variable, facts.reference.partition(":")[0])]
+        traits = DeviceTraits(facts.device_type, facts.visible_devices_env, facts.distributed_backend)
+        return place_ranks(tp_size, self._visible[0], traits, self.devices, self.device_env)
+
+    def _pool_for(self, tp_size: int, placement: Placement) -> RankPool:
         if self._pool is not None and self._pool.tp_size != tp_size:
             self.close()
         if self._pool is None:
-            devices, variable = rank_devices(self.devices, self.facts.device_type, tp_size, self.device_env)
-            self._pool = RankPool(self.target_name, tp_size, torch_threads=self.torch_threads, devices=devices, device_env=variable)
+            self._pool = RankPool(self.target_name, tp_size, torch_threads=self.torch_threads, placement=placement)
         return self._pool
 
     def run(self, case: TPCase | MoETPCase) -> TPResult:
-        features = case.features()
+        """The case's result; ``ValueError`` where its ranks cannot be placed (``--devices``, no device: the run's
+        options or machine, not the target). Every result of a case whose ranks were placed records where, and
+        where ranks share a device its message says so."""
         reason = unsupported_reason(self.facts, case)
         if reason:
-            return TPResult(case.case_id, case, Outcome.NOT_SUPPORTED, reason, features=features)
+            return TPResult(case.case_id, case, Outcome.NOT_SUPPORTED, reason, features=case.features())
+        placement = self.placement(case.tp_size)
+        result = self._run_on_ranks(case, placement)
+        result.placement = placement.to_json()
+        if placement.shared:
+            result.message = f"{result.message} ({placement.label})" if result.message else placement.label
+        return result
+
+    def _run_on_ranks(self, case: TPCase | MoETPCase, placement: Placement) -> TPResult:
+        features = case.features()
         if case.tp_size in self._start_errors:
             failure = self._start_errors[case.tp_size]
             return TPResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features, kinds=(failure.kind,),
                             traceback=failure.traceback, raised=failure.raised)
         started = time.perf_counter()
-        pool = self._pool_for(case.tp_size)
+        pool = self._pool_for(case.tp_size, placement)
         starting = not pool.alive
         try:
             pool.start()
@@ -166,7 +173,7 @@ class TPExecutor:
                             f"gives {groups} output(s) of [tokens, width]", None, features, seconds, kinds=(FailureKind.WRONG_OUTPUT_TYPE,))
         modified = [(rank, text) for rank, answer in enumerate(answers) for text in answer.modified]
         input_bits = [(rank, entry) for rank, answer in enumerate(answers) for entry in answer.bit_level]
-        verdict, message, slots, ranks, kinds = judge_output(case, output)
+        verdict, message, slots, ranks, kinds, zeroed = judge_output(case, output)
         measurement = verdict.measurement
         if measurement is not None and input_bits:  # inputs with equal values and other bits: recorded, not failed
             measurement = replace(measurement, bit_differences=measurement.bit_differences + tuple(e for _, e in input_bits))
@@ -179,7 +186,7 @@ class TPExecutor:
             kinds = ordered((*kinds, FailureKind.MODIFIED_INPUT))
             ranks = tuple(sorted({*ranks, *(rank for rank, _ in modified)}))
         return TPResult(case.case_id, case, Outcome.FAIL, message, measurement, features, seconds, slots,
-                        kinds=kinds, failing_ranks=ranks)
+                        kinds=kinds, outside_zeroed=zeroed, failing_ranks=ranks)
 
     def device_description(self) -> dict | None:
         return self._pool.device if self._pool is not None else None

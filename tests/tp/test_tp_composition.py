@@ -81,7 +81,7 @@ def test_a_replicated_indexer_head_taken_by_rank_modulo_shards_fails_naming_the_
 
     monkeypatch.setattr(composition, "lora_b_rows", modulo_rows)
     assert lora_b_rows is not modulo_rows
-    verdict, message, slots, ranks, _ = judge_output(case, _composed_with(case, lambda inner: inner))
+    verdict, message, slots, ranks, _, _ = judge_output(case, _composed_with(case, lambda inner: inner))
     assert not verdict.passed and ranks == (1, 2), message
     assert "slice 4 (index_k), rank 1" in message and "slice 3 (index_q), rank 2" in message
 
@@ -105,7 +105,7 @@ def test_each_replica_of_a_shared_kv_head_is_judged_and_a_wrong_copy_names_its_r
     assert judge_output(case, composed, tensors)[0].passed
     wrong = composed.clone()
     wrong[1, :, 64:72] = wrong[1, :, 72:80]  # rank 1 used kv head 1's LoRA-B for k (sliced by rank, not kv_shard_id)
-    verdict, message, slots, ranks, _ = judge_output(case, wrong, tensors)
+    verdict, message, slots, ranks, _, _ = judge_output(case, wrong, tensors)
     assert not verdict.passed and ranks == (1,)
     assert "replica group 1 (k, v from ranks 1, 3)" in message and "slice 1, rank 1" in message
     assert "replica group 0" not in message
@@ -138,7 +138,7 @@ class SkipsTheBufferReduce:
 
 def test_a_composition_that_skips_the_shrink_all_reduce_fails_on_adapter_rows():
     case = case_of("row", True, 2)
-    verdict, message, slots, ranks, kinds = judge_output(case, _composed_with(case, SkipsTheBufferReduce))
+    verdict, message, slots, ranks, kinds, _ = judge_output(case, _composed_with(case, SkipsTheBufferReduce))
     assert not verdict.passed and [k.value for k in kinds] == ["numerics"]
     assert -1 not in slots and set(slots) == {0, 1, 2}
     assert ranks == (0, 1) and "columns 0–23 (rank 0); columns 24–47 (rank 1)" in message
@@ -152,7 +152,7 @@ def test_a_gather_that_concatenates_merged_slices_rank_by_rank_fails_naming_slic
         return collectives.all_gather(local, dim=-1)[None]
 
     monkeypatch.setattr(composition, "_gathered_columns", concatenated)
-    verdict, message, slots, ranks, _ = judge_output(case, _composed_with(case, lambda inner: inner))
+    verdict, message, slots, ranks, _, _ = judge_output(case, _composed_with(case, lambda inner: inner))
     assert not verdict.passed
     assert "slice 1, rank 0" in message and "slice 0, rank 1" in message  # the misplaced shards
     assert -1 in slots  # rows without adapter come back with another rank's base columns

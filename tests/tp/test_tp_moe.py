@@ -104,7 +104,7 @@ def test_vllm_032_slicing_fails_a_padded_layer_and_matches_0_33_unpadded(monkeyp
     assert judge_moe_output(unpadded, _composed(unpadded, tensors), tensors)[0].passed
     case = moe_case("moe_w13", 2, padded=True, fused=fused)
     tensors = moe_tensors(case)
-    verdict, message, slots, ranks, _ = judge_moe_output(case, _composed(case, tensors), tensors)
+    verdict, message, slots, ranks, _, _ = judge_moe_output(case, _composed(case, tensors), tensors)
     assert not verdict.passed and ranks == (0, 1), message
     # stride 8, not 6: rank 0 takes rank 1's rows 6–7 into its padding, rank 1 starts at row 8 (its gate and up wrong)
     assert "columns 24–25 (gate padding, rank 0)" in message and "wrote" in message
@@ -128,7 +128,7 @@ class NeverReduces:
 def test_a_w2_output_never_reduced_fails_on_adapter_rows_naming_every_rank():
     case = moe_case("moe_w2", 2, padded=True)
     tensors = moe_tensors(case)
-    verdict, message, slots, ranks, kinds = judge_moe_output(case, _composed(case, tensors, collectives_class=NeverReduces), tensors)
+    verdict, message, slots, ranks, kinds, _ = judge_moe_output(case, _composed(case, tensors, collectives_class=NeverReduces), tensors)
     assert not verdict.passed and ranks == (0, 1), message
     assert "every rank adds a partial delta to every column" in message
     assert -1 not in slots and set(slots) == {0, 1, 2}
@@ -142,7 +142,7 @@ def test_an_empty_pad_region_written_is_outside_the_region():
     _, start, end = w13_columns(case, 3)[1]
     assert w13_columns(case, 3)[1][0] == "gate padding"
     composed[0, 0, start] += 1
-    verdict, message, _, ranks, kinds = judge_moe_output(case, composed, tensors)
+    verdict, message, _, ranks, kinds, _ = judge_moe_output(case, composed, tensors)
     assert kinds == (FailureKind.OUTSIDE_REGION,) and ranks == (3,), message
     assert "(gate padding, rank 3)" in message
 

@@ -3,16 +3,20 @@
 The targets that must pass do at TP 2 and 4; seeded faults (tests/tp/tp_fault_targets.py) are failed,
 naming the rank; a rank that hangs or dies costs its case only (broken, timed out / crashed), and the
 next case runs on a fresh pool. Each executor starts as few pools as it can (about a second each).
+Ranks that share a device (``conformance.tp.placement``) run here too, on a target shaped like a GPU
+whose backend refuses that (tests/tp/shared_device_targets.py).
 """
 
 from __future__ import annotations
 
 import pytest
+from shared_device_targets import EXPECTED, VISIBLE
 
+from conformance.report.clusters import cluster_failures
 from conformance.targets.facts import probe
 from conformance.tp.case import TPCase
 from conformance.tp.moe_case import MoETPCase
-from conformance.tp.run import TPExecutor, rank_devices
+from conformance.tp.run import TPExecutor
 from conformance.verdict import FailureKind, Outcome
 
 
@@ -28,8 +32,8 @@ def case_of(layer: str, fully_sharded: bool, tp_size: int, dtype: str = "float32
 def executor_of():
     made = []
 
-    def make(target: str, case_timeout: float = 60, runs: int = 1) -> TPExecutor:
-        made.append(TPExecutor(target, probe(target), case_timeout=case_timeout, runs=runs))
+    def make(target: str, case_timeout: float = 60, runs: int = 1, **where) -> TPExecutor:
+        made.append(TPExecutor(target, probe(target), case_timeout=case_timeout, runs=runs, **where))
         return made[-1]
 
     yield make
@@ -60,8 +64,10 @@ def test_the_reference_passes_at_tp_2_and_4(executor_of):
     executor = executor_of("reference")
     for case in (case_of("qkv", True, 2, "float16"), case_of("row", True, 4)):
         result = executor.run(case)
-        assert result.outcome is Outcome.PASS, result.message
+        assert result.outcome is Outcome.PASS and result.message == "", result.message  # ranks on the CPU: said in the record only
         assert result.level.value == "layer" and result.to_json()["op"] == case.op
+        assert result.to_json()["placement"] == {"label": f"{case.tp_size} ranks on the CPU, gloo collectives", "backend": "gloo",
+                                                 "device_backend": "gloo", "variable": None, "devices": [None] * case.tp_size}
 
 
 def test_repeated_calls_of_a_layer_are_compared_bit_for_bit(executor_of):
@@ -126,6 +132,24 @@ def test_a_dying_rank_is_recorded_crashed_and_the_next_case_runs(executor_of, mo
     assert executor.run(case_of("row", False, 2, seed=6)).outcome is Outcome.PASS
 
 
+def test_a_case_every_rank_raised_in_keeps_the_pool_and_one_rank_alone_ends_it(executor_of):
+    """Every rank raised before any collective: each is back in its loop, so the next cases reuse the pool (a port
+    whose sharded path raises in every case pays one pool start, not one per case). One rank raised while its peer
+    waits in the all-gather for it: the pool cannot be trusted, and the next case starts a new one."""
+    executor = executor_of("tp_fault_targets:EveryRankRaisesInLinear")
+    for seed in (5, 6):
+        raised = executor.run(case_of("column", False, 2, seed=seed))
+        assert (raised.outcome, raised.kinds) == (Outcome.BROKEN, (FailureKind.RAISED,)), raised.message
+        assert "raised while running this case: RuntimeError: no fused LoRA kernel on rank" in raised.message
+    assert executor.run(case_of("column", True, 2)).outcome is Outcome.PASS  # add_shrink/add_expand: the same ranks
+    assert executor.pool_starts == 1
+    alone = executor_of("tp_fault_targets:Rank1RaisesInLinear")
+    raised = alone.run(case_of("column", False, 2))
+    assert (raised.outcome, raised.failing_ranks) == (Outcome.BROKEN, (1,)), raised.message
+    assert alone.run(case_of("column", True, 2)).outcome is Outcome.PASS
+    assert alone.pool_starts == 2
+
+
 def test_a_target_without_add_expand_is_not_supported_without_starting_ranks(executor_of):
     executor = executor_of("tp_fault_targets:NoExpand")
     result = executor.run(case_of("column", True, 2))
@@ -133,12 +157,54 @@ def test_a_target_without_add_expand_is_not_supported_without_starting_ranks(exe
     assert executor.pool_starts == 0
 
 
-def test_each_rank_gets_its_own_device_from_devices():
-    assert rank_devices(["4", "5", "6", "7"], "hpu", 2, None) == (["4", "5"], "HABANA_VISIBLE_MODULES")
-    assert rank_devices("auto", "cuda", 4, None) == (["0", "1", "2", "3"], "CUDA_VISIBLE_DEVICES")
-    assert rank_devices(None, "cpu", 4, None) == (None, None)
-    with pytest.raises(ValueError, match=r"tensor parallelism 4 runs one rank per device, but --devices lists 2 \(0,1\)"):
-        rank_devices(["0", "1"], "hpu", 4, None)
+# -- ranks that share a device (conformance.tp.placement) ------------------------------------------------
+
+SHARED = "shared_device_targets:NcclShapedDevice"
+
+
+def test_ranks_sharing_one_device_run_with_gloo_where_the_devices_backend_refuses(executor_of, monkeypatch):
+    monkeypatch.setenv(VISIBLE, "0")  # one device visible, as on a one-GPU machine
+    monkeypatch.setenv(EXPECTED, "0,0,0,0")
+    executor = executor_of(SHARED)
+    for case in (case_of("qkv", True, 2), case_of("row", False, 4), moe_case("moe_w2", 2, padded=True)):
+        result = executor.run(case)
+        label = f"{case.tp_size} ranks on 1 device, gloo collectives"
+        assert result.outcome is Outcome.PASS and result.message == label, result.message
+        assert result.placement == {"label": label, "backend": "gloo", "device_backend": "nccl", "variable": VISIBLE,
+                                    "devices": ["0"] * case.tp_size}
+    failed = executor_of(SHARED.replace("NcclShapedDevice", "ZeroesNoAdapterRowsOnOneDevice")).run(case_of("column", False, 2))
+    assert failed.outcome is Outcome.FAIL and failed.message.endswith(" (2 ranks on 1 device, gloo collectives)"), failed.message
+
+
+def test_four_ranks_on_two_devices_take_them_round_robin_and_devices_still_chooses(executor_of, monkeypatch):
+    monkeypatch.setenv(VISIBLE, "0,1")
+    monkeypatch.setenv(EXPECTED, "0,1,0,1")  # each rank checks it sees exactly its device
+    result = executor_of(SHARED).run(case_of("merged_column", True, 4))
+    assert result.outcome is Outcome.PASS and result.message == "4 ranks on 2 devices, gloo collectives", result.message
+    monkeypatch.setenv(EXPECTED, "1,1")
+    chosen = executor_of(SHARED, devices=["1"]).run(case_of("column", False, 2))
+    assert chosen.outcome is Outcome.PASS and chosen.placement["devices"] == ["1", "1"], chosen.message
+    with pytest.raises(ValueError, match=r"--devices names 7, which is not among the cpu devices here \(0, 1, as TP_TEST_VISIBLE"):
+        executor_of(SHARED, devices=["0", "7"]).run(case_of("column", False, 2))
+
+
+def test_ranks_on_devices_of_their_own_keep_the_devices_backend(executor_of, monkeypatch):
+    """Two devices, two ranks: nccl, as vLLM runs them; this CPU build of torch has none, so the pool cannot start."""
+    monkeypatch.setenv(VISIBLE, "0,1")
+    monkeypatch.setenv(EXPECTED, "0,1")
+    result = executor_of(SHARED).run(case_of("column", False, 2))
+    assert result.outcome is Outcome.BROKEN and "the tensor-parallel pool could not start" in result.message
+    assert result.placement["backend"] == "nccl" and result.placement["label"] == "2 ranks on 2 devices, nccl collectives"
+
+
+def test_rows_without_an_adapter_zeroed_by_a_layer_are_recorded_zeroed(executor_of):
+    result = executor_of("tp_fault_targets:ZeroesNoAdapterRows").run(case_of("column", False, 2))
+    assert result.outcome is Outcome.FAIL and result.kinds == (FailureKind.OUTSIDE_REGION,), result.message
+    assert result.failing_slots == (-1,) and result.message.startswith("zeroed "), result.message
+    record = {**result.to_json(), "outcome": "fail"}
+    assert record["outside_zeroed"] is True  # before: absent, and the cluster said the rows "are overwritten"
+    [cluster] = cluster_failures([record])[0]
+    assert cluster["title"] == "rows without adapter are zeroed"
 
 
 # -- the MoE LoRA layer: add_lora_w13 / add_lora_w2 on every rank ----------------------------------------
@@ -174,6 +240,7 @@ def test_up_at_the_unpadded_offset_fails_only_where_the_intermediate_is_padded(e
     result = executor.run(moe_case("moe_w13", 4, padded=True))
     assert result.outcome is Outcome.FAIL and FailureKind.OUTSIDE_REGION in result.kinds, result.message
     assert "(gate padding, rank 0)" in result.message and "(up, rank 3)" in result.message
+    assert result.outside_zeroed is False  # up's delta written into the padding: not zeros
     assert result.failing_ranks == (0, 1, 2, 3)
 
 

@@ -87,6 +87,27 @@ class Rank1DiesOnce(ReferenceTarget):
         super().add_lora_linear(*args, **kwargs)
 
 
+class EveryRankRaisesInLinear(ReferenceTarget):
+    """``add_lora_linear`` raises on every rank, before any collective (a port whose fused path the device lacks):
+    every rank answers the case, so the pool serves the next one (``add_shrink``/``add_expand`` still work)."""
+
+    name = "every-rank-raises-in-linear"
+
+    def add_lora_linear(self, *args, **kwargs):
+        raise RuntimeError(f"no fused LoRA kernel on rank {dist.get_rank()}")
+
+
+class Rank1RaisesInLinear(ReferenceTarget):
+    """``add_lora_linear`` raises on rank 1 only: rank 0 goes on into the collective and waits there for rank 1."""
+
+    name = "rank1-raises-in-linear"
+
+    def add_lora_linear(self, *args, **kwargs):
+        if dist.get_rank() == 1:
+            raise RuntimeError("no fused LoRA kernel on rank 1")
+        super().add_lora_linear(*args, **kwargs)
+
+
 class NoExpand(ReferenceTarget):
     """A target without ``add_expand``: its TP cases are not supported, naming the method."""
 
@@ -144,3 +165,14 @@ class NoMoE(ReferenceTarget):
     name = "no-moe"
     add_lora_w13 = None
     add_lora_w2 = None
+
+
+class ZeroesNoAdapterRows(ReferenceTarget):
+    """``add_lora_linear`` zeroes the rows of slot −1 on every rank (a kernel that stores a zero delta there
+    instead of leaving the row): after the gather those rows are zero where the base output must stand."""
+
+    name = "zeroes-no-adapter-rows"
+
+    def add_lora_linear(self, y, *args, **kwargs):
+        super().add_lora_linear(y, *args, **kwargs)
+        y[self.mapping.token_slot_tensor().to(y.device) == -1] = 0

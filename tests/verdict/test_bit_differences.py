@@ -266,12 +266,12 @@ def test_a_tensor_parallel_layer_judges_its_rows_without_adapter_by_value():
     tensors = replace(tensors, y=y)
     composed = baseline_output(case, tensors)
     composed[0, 3:5, :4] = -0.0
-    verdict, message, slots, ranks, kinds = judge_output(case, composed, tensors)
+    verdict, message, slots, ranks, kinds, _ = judge_output(case, composed, tensors)
     assert verdict.passed and kinds == (), message
     assert message.startswith("bit-level difference only: 8 zero(s) changed sign outside the written region")
     assert "rows 3, 4 (slot -1, no adapter)" in message
     composed[0, 3, 5] = 1.0
-    verdict, message, slots, ranks, kinds = judge_output(case, composed, tensors)
+    verdict, message, slots, ranks, kinds, _ = judge_output(case, composed, tensors)
     assert kinds == (FailureKind.OUTSIDE_REGION,) and slots == (-1,), message
 
 
