@@ -56,6 +56,7 @@ from conformance.record import CaseResult
 from conformance.report.allure_results import write_allure_results
 from conformance.report.junit import write_junit
 from conformance.report.progress import Progress
+from conformance.report.target_output import terminal_line as target_output_line
 from conformance.session import ConformanceRun, RunError, RunSettings
 from conformance.target_call import DEFAULT_RUNS
 from conformance.targets import TargetError, TargetUnavailable
@@ -279,12 +280,16 @@ def _logs_asked_for(config: pytest.Config) -> bool:
 
 def _target_facts(config: pytest.Config, target_name: str | None) -> TargetFacts | None:
     """The target's facts: an xdist worker's from its controller, else read by a process that imports the
-    target (``conformance.targets.facts``: the pytest process never does); None without a target name yet."""
+    target (``conformance.targets.facts``: the pytest process never does); None without a target name yet,
+    and None for a serial run that needs none before its session starts (no ``--devices`` to set first):
+    the session reads them from its worker (``conformance.isolation.process.IsolatedExecutor.facts``)."""
     handed = getattr(config, "workerinput", {}).get(_FACTS_INPUT)
     if handed:
         return TargetFacts.from_json(handed)
     if not target_name:
         return None
+    if _runs_cases(config) and config.option.isolation == "process" and config.option.devices is None:
+        return None  # a serial run's session reads them from the worker that runs its cases: one import of the target, not two
     try:
         return probe(target_name)
     except (TargetError, TargetUnavailable) as exc:
@@ -508,6 +513,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     document = config.stash.get(_DOCUMENT_KEY, {})
     for line in skipped_lines(document.get("environment") or {}):  # one per optional part missing here
         write(line)
+    said = target_output_line(document, run.report_dir) if document else None  # one line; the lines themselves are in the report
+    if said:
+        write(said)
     for worker in document.get("workers") or []:
         if worker.get("leftover_processes"):
             left = worker["leftover_processes"]

@@ -107,9 +107,10 @@ class ConformanceRun:
     target's facts when the caller already has them (an xdist worker gets its controller's);
     ``selection`` how pytest narrowed the cases (:func:`run_selection`), for the manifest and ``--resume``.
 
-    The target is never imported here unless ``--isolation=none``: its facts come from a process that
-    imports it (``conformance.targets.facts``), its cases run in a worker process, and this process
-    draws the values, runs the oracle and judges (``conformance.referee``).
+    The target is never imported here unless ``--isolation=none``: its facts come from the worker process
+    its cases run in (its first message; given ``facts``, or for an xdist controller, from a process of
+    their own: ``conformance.targets.facts``), and this process draws the values, runs the oracle and
+    judges (``conformance.referee``).
     """
 
     def __init__(
@@ -145,10 +146,22 @@ class ConformanceRun:
         if self.isolation == "none" and runs_cases:
             self._executor = self._local_executor()  # load errors are usage errors, as they always were
             facts = self._executor.facts()
+        elif facts is None and runs_cases:
+            # the facts from the worker that runs the cases: the target (a framework's start-up) imported once, not twice
+            self._executor = IsolatedExecutor(self.target_name, case_timeout=None, torch_threads=torch.get_num_threads())
         try:
-            self.facts = facts or probe(self.target_name)
-        except (TargetError, TargetUnavailable) as exc:
-            raise RunError(str(exc).splitlines()[0]) from None
+            try:
+                self.facts = facts or (self._executor.facts() if self._executor is not None else probe(self.target_name))
+            except (TargetError, TargetUnavailable) as exc:
+                raise RunError(str(exc).splitlines()[0]) from None
+            self._settle(settings)
+        except BaseException:  # refused, or interrupted: the worker started for the facts ends with the run, at once
+            if isinstance(self._executor, IsolatedExecutor):
+                self._executor.close(kill=True)
+            raise
+
+    def _settle(self, settings: RunSettings) -> None:
+        """The rest of the settings, once the facts are known (``RunError`` for what is refused)."""
         self.repeat = DEFAULT_RUNS if settings.repeat is None else settings.repeat
         if self.repeat < 1:
             raise RunError(f"--repeat expects the number of calls per case, at least 1, got {self.repeat}")
@@ -179,6 +192,8 @@ class ConformanceRun:
         if timeout < 0:
             raise RunError(f"--case-timeout expects seconds >= 0 (0: no limit), got {timeout:g}")
         self.case_timeout = timeout if self.isolation == "process" and timeout > 0 else None
+        if isinstance(self._executor, IsolatedExecutor):  # made above for the facts, before the profile was known
+            self._executor.case_timeout = self.case_timeout
         self.journal = journal.Journal(self.report_dir, self.worker)
         self._e2e_referee = None
         try:
@@ -444,19 +459,23 @@ class ConformanceRun:
         shrunk = None
         if result.outcome in (Outcome.FAIL, Outcome.BROKEN, Outcome.KNOWN_FAILURE):
             shrunk = kind.after_failure(self.context, result, values)
-        self.record(result, shrunk=shrunk)
+        said = self._executor.take_output() if self._executor is not None else None  # its warnings and prints, for the report
+        self.record(result, shrunk=shrunk, target_output=said.to_json() if said else None)
         return result
 
     def broken(self, case_id: str, case, kind: FailureKind, message: str) -> CaseResult:
         """The broken result of a case that did not return, at its own level."""
         return kind_of(case, self.kinds).broken(case_id, case, kind, message)
 
-    def record(self, result: CaseResult, *, shrunk: dict | None = None) -> None:
+    def record(self, result: CaseResult, *, shrunk: dict | None = None, target_output: dict | None = None) -> None:
         """Journal the result (the results schema, ``CaseResult.to_json``, with ``shrunk`` where ``--shrink``
-        found a smaller case, and when it finished: the Allure results are written from the journals)."""
+        found a smaller case, ``target_output`` what the target warned and printed while it ran
+        (``conformance.isolation.output``), and when it finished: the Allure results are written from the journals)."""
         record = {**result.to_json(), "worker": self.worker, "finished": round(time.time(), 3)}
         if shrunk:
             record["shrunk"] = shrunk
+        if target_output:
+            record["target_output"] = target_output
         self.journal.append(record)
 
     def scope_fingerprint(self) -> dict:
@@ -490,6 +509,8 @@ class ConformanceRun:
                 "device": f"{device_type}: not read (no case ran in this process)", "driver": "unknown"}
         if isinstance(self._executor, IsolatedExecutor):
             info["worker_restarts"] = self._executor.restarts
+            if self._executor.load_output:  # what the target printed while it was imported and made
+                info["target_output_at_load"] = self._executor.load_output.to_json()
         if self._tp_executor is not None:
             info["tp_pool_starts"] = self._tp_executor.pool_starts
         # processes the target started and left running when its worker or ranks ended (found, and killed, at

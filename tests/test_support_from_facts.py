@@ -20,8 +20,8 @@ from conformance.isolation.worker import WorkerProcess
 from conformance.levels import LAYER, MODEL, OP
 from conformance.ops import Level, ops_at
 from conformance.session import ConformanceRun, RunSettings
-from conformance.targets import TargetUnavailable
-from conformance.targets.facts import facts_of, implemented_ops_of, probe
+from conformance.targets import TargetError, TargetUnavailable
+from conformance.targets.facts import facts_from_answer, facts_of, implemented_ops_of, probe, read_facts_here
 from conformance.targets.reference import ReferenceTarget
 from conformance.targets.registry import BUILTIN_TARGETS, resolve
 from conformance.tp.cases import tp_cases
@@ -139,7 +139,9 @@ def test_tp_and_e2e_cases_the_facts_refuse_start_no_process_and_load_no_fixture(
 def test_the_worker_starts_early_only_for_a_case_it_would_run(tmp_path, monkeypatch):
     starts = []
     monkeypatch.setattr(IsolatedExecutor, "start", lambda self: starts.append(self))
-    run = ConformanceRun(RunSettings(target="reference", profile="smoke", report_dir=str(tmp_path)))
+    # the facts handed over, as an xdist worker gets them from its controller (a serial run reads them from its
+    # worker, so that worker is started at once)
+    run = ConformanceRun(RunSettings(target="reference", profile="smoke", report_dir=str(tmp_path)), facts=facts_of(ReferenceTarget))
     ids_of = {case.op: case_id for case_id, case in run.cases_by_id().items() if OP.owns(case)}
     run.start_worker([case.case_id for case in tp_cases("smoke", 0)])  # the rank pool runs them, not the worker
     assert starts == []
@@ -148,3 +150,22 @@ def test_the_worker_starts_early_only_for_a_case_it_would_run(tmp_path, monkeypa
     assert starts == []
     run.start_worker([ids_of["add_expand"], ids_of["add_shrink"]])
     assert len(starts) == 1
+
+
+def test_the_answer_about_a_target_is_read_as_data_and_anything_else_is_named():
+    # what the worker sends first (and the facts process prints), read back in the referee
+    assert facts_from_answer("reference", read_facts_here("reference")) == facts_of(ReferenceTarget)
+    with pytest.raises(TargetUnavailable, match="^no device here$"):
+        facts_from_answer("t", {"unavailable": "no device here"})
+    with pytest.raises(TargetError, match="^no target named t$"):
+        facts_from_answer("t", {"unknown": "no target named t"})
+    good = read_facts_here("reference")["facts"]
+    for answer in ([], "facts", {}, {"facts": good, "unknown": "x"}, {"bogus": "x"}, {"unavailable": 5},
+                   {"facts": {**good, "name": 3}}, {"facts": {**good, "methods": "all"}}, {"facts": None}):
+        with pytest.raises(TargetError, match="^target 't': the process reading its facts answered what is not facts: "):
+            facts_from_answer("t", answer)
+
+
+def test_an_unknown_target_is_answered_not_raised_where_it_is_imported():
+    assert set(read_facts_here("no_such_package.module:Target")) == {"unknown"}
+    assert set(read_facts_here(f"{__name__}:NoSuchClass")) == {"unknown"}

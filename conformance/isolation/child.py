@@ -11,7 +11,14 @@ refuses, the parent does. Before anything else it arranges
   device;
 * a fatal signal (SIGSEGV, SIGABRT, SIGFPE, SIGBUS, SIGILL) dumps every thread's Python stack into the
   stack file the parent named, and so does SIGUSR1, which the parent sends before it stops a case that
-  ran past its time: the report can then say where the target was.
+  ran past its time: the report can then say where the target was;
+* what it prints (stdout, stderr, native code's too) goes to the output file the parent named, which the
+  parent reads after each reply (``conformance.isolation.output``): into the report, not the terminal.
+
+Its first message is the target's facts (``conformance.targets.facts.read_facts_here``), read before it
+makes the target: a serial run takes them from here and so imports the target once (a framework that
+takes 20 s to import pays them once per run, not once more for its facts). Then ``ready`` (or ``raise``,
+when the constructor raised), then one answer per call, each with the Python warnings the call raised.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from __future__ import annotations
 import sys
 
 from conformance.isolation.protocol import Call, RemoteError, Reply, Tag
-from conformance.isolation.worker import prepare_child
+from conformance.isolation.worker import flush_output, prepare_child
 from conformance.wire import Channel, from_data, to_data
 
 
@@ -31,13 +38,19 @@ def main(argv: list[str]) -> int:
 
     torch.set_num_threads(config["torch_threads"])
     from conformance.isolation.local import LocalExecutor
+    from conformance.targets.facts import FACTS, read_facts_here
 
+    facts = read_facts_here(config["target"])  # first: a serial run takes its facts from here, not a process of their own
+    channel.send(Tag.FACTS, facts)
+    if FACTS not in facts:  # no such target, or it cannot run here: the parent says so
+        return 1
     try:
         executor = LocalExecutor(config["target"])
         device = executor.device_description()
     except Exception as exc:  # noqa: BLE001 - the parent reports it for every case
         channel.send(Tag.RAISE, to_data(Reply(-1, "", error=RemoteError.of(exc))))
         return 1
+    flush_output()
     channel.send(Tag.READY, {"device": device})
     while True:
         try:
@@ -49,9 +62,15 @@ def main(argv: list[str]) -> int:
         call = from_data(Call, message.body)
         try:
             answer = executor.call(call.level, call.half, call.case_id, call.request)
-            channel.send(Tag.OK, {**to_data(Reply(call.seq, call.case_id)), "reply": answer})
+            said, omitted = executor.take_warnings()
+            flush_output()  # before the reply: the parent reads this case's output once it has it
+            reply = Reply(call.seq, call.case_id, warnings=said, warnings_omitted=omitted)
+            channel.send(Tag.OK, {**to_data(reply), "reply": answer})
         except Exception as exc:  # noqa: BLE001 - the harness's own errors (and a reply no frame carries) go back as text
-            channel.send(Tag.RAISE, to_data(Reply(call.seq, call.case_id, error=RemoteError.of(exc))))
+            said, omitted = executor.take_warnings()
+            flush_output()
+            channel.send(Tag.RAISE, to_data(Reply(call.seq, call.case_id, error=RemoteError.of(exc), warnings=said,
+                                                  warnings_omitted=omitted)))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from conformance.targets.facts import TargetFacts, facts_of
 from conformance.text import describe_exception, safe_text
 from conformance.wire import WireError
 
+from .output import TargetOutput, WarningSeen, collecting_warnings, kept_warnings
 from .worker import WorkerProcess
 
 TargetHalf = Callable[["LocalExecutor", Any], Any]
@@ -46,6 +47,7 @@ class LocalExecutor:
         self.target = load(target_name)
         self._resolved: dict[str, TargetHalf] = {}
         self._state: dict[str, dict] = {}
+        self._warnings: list[WarningSeen] = []  # raised by the calls since take_warnings
 
     def facts(self) -> TargetFacts:
         return facts_of(type(self.target))
@@ -72,13 +74,27 @@ class LocalExecutor:
         ``malformed reply``). ``case_id`` and ``limits`` are the pipe's: in this process the answer is the half's own."""
         if half not in self._resolved:
             self._resolved[half] = resolve_half(half)
-        data = self._resolved[half](self, request)
+        with collecting_warnings(self._warnings):
+            data = self._resolved[half](self, request)
         if parse is None:
             return data
         try:
             return parse(data)
         except WireError as exc:
             raise WorkerProcess.refused(str(exc), doing, stopped=False) from None
+
+    def take_warnings(self) -> tuple[tuple[WarningSeen, ...], int]:
+        """The warnings the calls raised since the last time, the most frequent ones, and how many distinct others
+        (``conformance.isolation.output.kept_warnings``: what a reply carries); forget them."""
+        seen, self._warnings = self._warnings, []
+        return kept_warnings(seen)
+
+    def take_output(self) -> TargetOutput:
+        """What the target said since the last time, for the case's record: its warnings (in this process its prints
+        are the caller's own output, which pytest captures)."""
+        output = TargetOutput()
+        output.add_warnings(*self.take_warnings())
+        return output
 
     def close(self) -> None:
         """Nothing to release: the process's own end frees the target."""

@@ -35,9 +35,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from conformance.targets.base import TargetError, TargetUnavailable
+from conformance.targets.facts import TargetFacts, facts_from_answer
 from conformance.verdict import FailureKind
 from conformance.wire import Limits, WireError, from_data
 
+from .output import TargetOutput
 from .protocol import Reply, Tag
 from .worker import STACK_DUMP_WAIT, Breakdown, WorkerProcess, describe_exit, describe_leftovers, main_thread_frames
 
@@ -74,12 +77,17 @@ class IsolatedExecutor:
         self.torch_threads = torch_threads
         self._worker: WorkerProcess | None = None
         self._started = False  # a worker was started before (the next start is a restart)
+        self._facts_read = False  # the running worker's first message (its facts) was read
+        self._facts: TargetFacts | None = None  # as the first worker read them
         self._ready = False
         self._load_error: TargetLoadError | None = None
         self._device: dict | None = None
         self._in_call = False  # a request is out and its reply not yet read
         self._seq = 0  # calls sent: each reply must echo its call's number
         self.restarts = 0  # workers started after the first
+        self.starts = 0  # workers started: each imports the target (a framework's start-up, every time)
+        self._output = TargetOutput()  # what the target said since take_output (conformance.isolation.output)
+        self.load_output = TargetOutput()  # what it said while its workers loaded it, for the run's record
         # processes a target started and left running in a worker's process group, found when that worker
         # was stopped (after a crash or a timeout, or at close) and killed with it: "pid N (command)"
         self.leftover_processes: list[str] = []
@@ -93,9 +101,12 @@ class IsolatedExecutor:
         if self._started:
             self.restarts += 1
         self._started = True
+        self.starts += 1
         self._ready = False
+        self._facts_read = False
         worker = WorkerProcess()
-        worker.spawn("conformance.isolation.child", {"target": self.target_name, "torch_threads": self.torch_threads})
+        worker.spawn("conformance.isolation.child", {"target": self.target_name, "torch_threads": self.torch_threads},
+                     capture_output=True)
         self._worker = worker
 
     def _stop(self, kill: bool = True) -> None:
@@ -107,10 +118,50 @@ class IsolatedExecutor:
             return
         worker.stop(kill=kill)  # nothing if it was stopped already (a breakdown)
         self.leftover_processes.extend(worker.leftovers)
+        # its last words (a crash's message) belong to the case it was running, or to its start-up
+        (self._output if self._ready else self.load_output).add_text(*worker.take_output())
 
-    def close(self) -> None:
-        """Ask the worker to exit; kill it if it is still busy with a call (the run was interrupted)."""
-        self._stop(kill=self._in_call)
+    def close(self, kill: bool = False) -> None:
+        """Ask the worker to exit; kill it if it is still busy with a call (the run was interrupted), or with ``kill``
+        (a run refused before any case: a worker still importing the target would read the request only once loaded)."""
+        self._stop(kill=kill or self._in_call)
+
+    def facts(self) -> TargetFacts:
+        """The target's facts, as the worker read them before it made the target (a worker is started if none
+        runs): a serial run reads them from the process that will run its cases, so it imports the target once.
+        Raises :class:`TargetError` or :class:`TargetUnavailable` as ``conformance.targets.facts.probe`` does,
+        including for a worker that died or hung before it said them."""
+        if self._facts is None:
+            self.start()
+            try:
+                self._read_facts("reading the target's facts")
+            except Breakdown as exc:  # no run goes on without facts: the breakdown's "went on with a new one" is not so
+                said = exc.message.replace("; the run went on with a new one", "").replace(" and the run went on with a new one", "")
+                last = list(self.load_output.lines)[-1:]  # what it wrote last (a native crash's message), as probe said it
+                raise TargetError(f"target {self.target_name!r}: its worker process did not say its facts: {said}"
+                                  + (f"; the last line it wrote: {last[0]}" if last else "")) from None
+            except WireError as exc:
+                self._stop()
+                raise TargetError(f"target {self.target_name!r}: its worker process answered what is not facts: {exc}") from None
+        return self._facts
+
+    def _read_facts(self, doing: str) -> None:
+        """Read the running worker's first message, its facts (``TargetError`` / ``TargetUnavailable`` for what it reports)."""
+        message = self._receive(START_TIMEOUT, doing, "the worker's start-up limit")
+        if message.tag != Tag.FACTS:
+            raise WireError(f"the worker's first message is {message.tag[:40]!r}, not facts")
+        try:
+            facts = facts_from_answer(self.target_name, message.body)
+        except (TargetError, TargetUnavailable):
+            self._stop()
+            raise
+        self._facts_read = True
+        self._facts = self._facts or facts
+
+    def take_output(self) -> TargetOutput:
+        """What the target said (warnings, output lines) in the calls since the last time: the case's, for its record."""
+        output, self._output = self._output, TargetOutput()
+        return output
 
     def device_description(self) -> dict | None:
         """The worker's device (name and driver), as it reported when it loaded the target; None if none did."""
@@ -136,6 +187,12 @@ class IsolatedExecutor:
 
     def _await_ready(self, timeout: float | None, doing: str) -> None:
         try:
+            if not self._facts_read:
+                try:
+                    self._read_facts(f"loading the target for {doing}")
+                except (TargetError, TargetUnavailable) as exc:  # the facts came from elsewhere (an xdist controller)
+                    self._load_error = TargetLoadError(f"the target could not be loaded in the worker process: {exc}")
+                    raise self._load_error from None
             message = self._receive(max(START_TIMEOUT, timeout or 0), f"loading the target for {doing}", "the worker's start-up limit")
             if message.tag == Tag.RAISE:
                 error = from_data(Reply, message.body).error
@@ -149,6 +206,7 @@ class IsolatedExecutor:
             if message.tag != Tag.READY:
                 raise WireError(f"the worker's first message is {message.tag[:40]!r}, not ready")
             self._device = from_data(dict[str, dict[str, str]], message.body, "ready")["device"]
+            self.load_output.add_text(*self._worker.take_output())
         except WireError as exc:
             exc = self._refuse(str(exc), f"loading the target for {doing}")
             self._load_error = TargetLoadError(f"the target could not be loaded in a worker process ({exc.message})", exc.kind)
@@ -197,6 +255,8 @@ class IsolatedExecutor:
                                 f"({case_id!r})")
         except WireError as exc:
             raise self._refuse(str(exc), doing) from None
+        self._output.add_warnings(reply.warnings, reply.warnings_omitted)
+        self._output.add_text(*self._worker.take_output())
         if message.tag == Tag.RAISE:  # the harness raised in the worker (not the target: that is in the answer)
             if reply.error is None:
                 raise self._refuse("a raise without its error", doing)

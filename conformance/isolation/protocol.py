@@ -10,6 +10,9 @@ tag                from        body
 =================  ==========  ==========================================================================
 ``config``         referee     the worker's configuration: ``target``, ``torch_threads``, ``stack_file``,
                                ``parent_pid``, and what a rank needs besides (``rank``, ``world_size``, …)
+``facts``          worker      first, before it makes the target (op worker only): what
+                               ``conformance.targets.facts.read_facts_here`` answers, so that a serial
+                               run reads the facts from the worker it runs its cases in
 ``ready``          worker      it loaded the target: ``{"device": {name: text}}`` (a rank adds ``backend``)
 ``call``           referee     one case's target half: :class:`Call` (``seq``, ``level``, ``half``, ``case_id``,
                                ``request``)
@@ -48,6 +51,7 @@ class Tag(str, enum.Enum):
     """The tag of every message on the pipes (see the module docstring)."""
 
     CONFIG = "config"
+    FACTS = "facts"
     READY = "ready"
     CALL = "call"
     OK = "ok"
@@ -99,12 +103,27 @@ class Call:
 
 
 @dataclass(frozen=True)
+class WarningSeen:
+    """One Python warning a call raised (its category's name, its message, where: ``file:line``) and how often it
+    was shown (``conformance.isolation.output`` collects them)."""
+
+    category: str
+    message: str
+    where: str
+    count: int = 1
+
+
+@dataclass(frozen=True)
 class Reply:
     """A worker's answer to :class:`Call` ``seq``: the level's ``reply`` (``ok``), a rank's ``message``
-    (``not_supported``) or an ``error`` (``raise``)."""
+    (``not_supported``) or an ``error`` (``raise``); with ``warnings``, the Python warnings the call raised
+    (``conformance.isolation.output``: for the report, not the terminal), the most frequent ones, and in
+    ``warnings_omitted`` how many distinct others it raised (a reply stays small whatever the target warns)."""
 
     seq: int
     case_id: str
     reply: Any = None
     message: str = ""
     error: RemoteError | None = None
+    warnings: tuple[WarningSeen, ...] = ()
+    warnings_omitted: int = 0

@@ -30,6 +30,7 @@ that any supervisor can use it without importing what runs cases.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import os
 import re
 import signal
@@ -53,6 +54,7 @@ DEFAULT_LIMITS = Limits()
 SEND_TIMEOUT = 60.0  # seconds a worker may leave its request pipe full (it reads a request whole, between cases)
 SHOWN_FRAMES = 4
 COMMAND_CHARS = 120  # of a leftover process's command line
+OUTPUT_READ_BYTES = 64 * 1024  # of a worker's output read at a time (conformance.isolation.output); the rest is counted
 
 
 class Breakdown(Exception):
@@ -155,6 +157,9 @@ class WorkerProcess:
         self._process: subprocess.Popen | None = None
         self._channel: Channel | None = None
         self._stack_file: str | None = None
+        self._output_file: str | None = None  # its stdout and stderr, with capture_output
+        self._output_offset = 0  # read up to here (the file is emptied when nothing new came meanwhile)
+        self._unread_output: tuple[str, int] = ("", 0)  # what stop() read of it before removing the file
         self._exit_sent = False
         self._stopped = False
         self.leftovers: list[str] = []  # processes of its group found running when it was stopped, "pid N (command)"
@@ -173,13 +178,19 @@ class WorkerProcess:
         """The end the worker's replies arrive at (for ``multiprocessing.connection.wait`` over several workers)."""
         return self._channel
 
-    def spawn(self, module: str, config: dict, *, env_updates: dict[str, str] | None = None) -> None:
+    def spawn(self, module: str, config: dict, *, env_updates: dict[str, str] | None = None, capture_output: bool = False) -> None:
         """Start ``python -m module READ_FD WRITE_FD`` and send it ``config`` with ``stack_file`` and
-        ``parent_pid`` added; returns at once (the worker loads what it must while the caller goes on)."""
+        ``parent_pid`` added; returns at once (the worker loads what it must while the caller goes on).
+        ``capture_output``: its stdout and stderr go to a file of its own (``output_file`` in the config), read
+        with :meth:`take_output`, rather than to this process's terminal."""
         if self._process is not None:
             raise RuntimeError("a WorkerProcess is spawned once; start a new one")
         fd, self._stack_file = tempfile.mkstemp(prefix="lora-conformance-worker-", suffix=".stacks")
         os.close(fd)
+        if capture_output:
+            fd, self._output_file = tempfile.mkstemp(prefix="lora-conformance-worker-", suffix=".output")
+            os.close(fd)
+            config = {**config, "output_file": self._output_file}
         environment = dict(os.environ)
         environment["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
         environment.update(env_updates or {})
@@ -197,6 +208,8 @@ class WorkerProcess:
             for descriptor in (to_child_read, to_child_write, from_child_read, from_child_write):
                 os.close(descriptor)
             Path(self._stack_file).unlink(missing_ok=True)
+            if self._output_file:
+                Path(self._output_file).unlink(missing_ok=True)
             raise
         finally:
             if self._process is not None:
@@ -309,6 +322,29 @@ class WorkerProcess:
             self._process.kill()
             return self._process.wait()
 
+    def take_output(self, limit: int = OUTPUT_READ_BYTES) -> tuple[str, int]:
+        """What the worker wrote to its stdout and stderr since the last call (with ``capture_output``): up to
+        ``limit`` bytes of it as text, and how many bytes more there were. The file is then emptied (the worker
+        writes in append mode: it goes on at the new end) unless something was written meanwhile, which would be
+        lost: then the next call reads on from here."""
+        text, omitted = self._unread_output
+        self._unread_output = ("", 0)
+        if not self._output_file:
+            return text, omitted
+        try:
+            with open(self._output_file, "rb") as stream:
+                stream.seek(self._output_offset)
+                data = stream.read(limit)
+                size = stream.seek(0, os.SEEK_END)
+            omitted += max(0, size - self._output_offset - len(data))
+            self._output_offset = size
+            if os.path.getsize(self._output_file) == size:
+                os.truncate(self._output_file, 0)
+                self._output_offset = 0
+        except OSError:
+            return text, omitted
+        return text + data.decode("utf-8", "backslashreplace"), omitted
+
     # -- its end -----------------------------------------------------------------------------------
 
     def ask_to_exit(self) -> None:
@@ -345,6 +381,10 @@ class WorkerProcess:
         self._channel.close()
         self._channel = None
         Path(self._stack_file).unlink(missing_ok=True)
+        if self._output_file:  # what it said last (a crash's last words) stays readable through take_output
+            self._unread_output = self.take_output()
+            Path(self._output_file).unlink(missing_ok=True)
+            self._output_file = None
         self.leftovers.extend(found)
         return found
 
@@ -373,7 +413,7 @@ def prepare_child(config: dict):
     (``PR_SET_PDEATHSIG`` on Linux), so a killed run leaves no process holding a device; and dump every
     thread's Python stack into ``config["stack_file"]`` on a fatal signal (SIGSEGV, SIGABRT, SIGFPE,
     SIGBUS, SIGILL) and on ``STACK_DUMP_SIGNAL``, which the parent sends before it kills a worker that
-    ran past its time. Returns the open stack file."""
+    ran past its time; with ``output_file`` in the config, write stdout and stderr there. Returns the open stack file."""
     global _stack_stream
     parent_pid = config["parent_pid"]
     if sys.platform.startswith("linux"):
@@ -383,9 +423,43 @@ def prepare_child(config: dict):
         libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # the parent ended before the line above took effect
         os._exit(1)
+    if config.get("output_file"):  # stdout and stderr (native code's too) into the file the parent reads
+        descriptor = os.open(config["output_file"], os.O_WRONLY | os.O_APPEND)
+        os.dup2(descriptor, 1)
+        os.dup2(descriptor, 2)
+        os.close(descriptor)
+        if hasattr(sys.stdout, "reconfigure"):  # a print reaches the file by the reply that follows it
+            sys.stdout.reconfigure(line_buffering=True)
     stream = open(config["stack_file"], "w", buffering=1)  # open until the process ends
     stream.write(f"{MAIN_THREAD_LINE}0x{threading.get_ident():016x}\n")
     faulthandler.enable(file=stream, all_threads=True)
     faulthandler.register(STACK_DUMP_SIGNAL, file=stream, all_threads=True, chain=False)
     _stack_stream = stream
     return stream
+
+
+def flush_output() -> None:
+    """Flush Python's stdout and stderr, and C's ``stdio`` buffers (a worker's, before it replies: its parent reads
+    the output then). Native code's ``printf`` to a file is block-buffered: without ``fflush(NULL)`` its lines
+    would arrive with a later case, or only at the worker's end."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken by the target: nothing to keep
+            pass
+    libc = _c_library()
+    if libc is not None:
+        libc.fflush(None)
+
+
+@functools.cache
+def _c_library():
+    """The C library of this process (for ``fflush``), or None where ctypes cannot name it."""
+    if os.name != "posix":
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None)
+    except (ImportError, OSError):
+        return None

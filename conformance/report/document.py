@@ -4,8 +4,9 @@ A run that ends normally (``conformance.session``), a killed run rebuilt from it
 (``python -m conformance.report html DIR``) and a merge of shards (``conformance.report.merge``) all get
 their document from :func:`results_document`: the manifest's description of the run, the records, the
 gate over them (``conformance.journal.build_document``), the environment with the devices the workers
-used, then one cluster per distinct problem (``conformance.report.clusters``) and what the cases
-exercised (``conformance.report.coverage``).
+used, then one cluster per distinct problem (``conformance.report.clusters``), what the cases
+exercised (``conformance.report.coverage``) and what the target warned and printed, deduplicated
+(``conformance.report.target_output``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from conformance import journal
 
 from .clusters import add_clusters
 from .coverage import add_coverage
+from .target_output import add_target_output
 
 
 def results_document(
@@ -34,4 +36,4 @@ def results_document(
     if extra_reasons:
         gate = document["gate"]
         document["gate"] = {**gate, "passed": False, "reasons": [*gate["reasons"], *extra_reasons]}
-    return add_coverage(add_clusters(document))
+    return add_target_output(add_coverage(add_clusters(document)))

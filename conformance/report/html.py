@@ -38,6 +38,7 @@ from conformance.ops.level import LEVEL_ORDER
 from conformance.optional import skipped_parts
 from conformance.report.clusters import cluster_of, document_clusters
 from conformance.report.coverage import HEADLINE, document_coverage
+from conformance.report.target_output import html_section as target_output_section
 from conformance.text import TRACEBACK_LIMIT, safe_text
 from conformance.verdict import Outcome
 from conformance.verdict.bit_differences import BitDifferences
@@ -116,6 +117,7 @@ def render_html_report(document: dict) -> str:
         _failures(results, clusters, cluster_of(document)),
         _determinism(document, results),
         _bit_differences(results),
+        target_output_section(document),
         _known_failures(gate, results),
         _not_applicable(document),
         _budget_plot(results),
@@ -522,7 +524,7 @@ def _workers(workers: list[dict]) -> str:
     """Which process ran on which device (``--devices``), when there is more than one or one was assigned."""
     if not workers or (len(workers) == 1 and set(workers[0]) <= {"worker", "pid", "device", "driver"}):
         return ""
-    columns = list(dict.fromkeys(k for w in workers for k in w if k != "pid"))
+    columns = list(dict.fromkeys(k for w in workers for k in w if k not in ("pid", "target_output_at_load")))  # that one: its own section
     head = "".join(f"<th>{escaped(c)}</th>" for c in columns)
     rows = "".join("<tr>" + "".join(f"<td>{escaped(w.get(c, '—'))}</td>" for c in columns) + "</tr>" for w in workers)
     return f'<h3>Workers</h3><table id="workers"><tr>{head}</tr>{rows}</table>'

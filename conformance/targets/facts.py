@@ -110,7 +110,7 @@ def facts_of(cls: type[Target]) -> TargetFacts:
 # -- reading them in a process of their own ------------------------------------------------------
 
 PROBE_TIMEOUT = 600.0  # seconds to import torch and the target's module (a device runtime can be slow)
-_UNAVAILABLE, _UNKNOWN = "unavailable", "unknown"
+FACTS, _UNAVAILABLE, _UNKNOWN = "facts", "unavailable", "unknown"
 
 
 def probe(target_name: str) -> TargetFacts:
@@ -144,13 +144,49 @@ def probe(target_name: str) -> TargetFacts:
         raise TargetError(f"target {target_name!r}: the process reading its facts exited with status {done.returncode}: "
                           f"{error[-1] if error else 'no message'}")
     tag, _, rest = answer[-1].partition(" ")
-    if tag == _UNAVAILABLE:
-        raise TargetUnavailable(rest)
-    if tag == _UNKNOWN:
-        raise TargetError(rest)
+    if tag == FACTS:
+        try:
+            rest = json.loads(rest)
+        except (ValueError, RecursionError) as exc:
+            rest = f"not JSON: {str(exc)[:200]}"
+    return facts_from_answer(target_name, {tag: rest})
+
+
+def read_facts_here(target_name: str) -> dict:
+    """What the process that imports the target answers about it, as data: ``{"facts": {...}}``,
+    ``{"unknown": reason}`` (no such target, or its module does not import) or ``{"unavailable": reason}``
+    (it cannot run here). The facts process prints it; the worker (``conformance.isolation.child``) sends it
+    before it makes the target, so that a serial run imports the target once, not once for its facts and
+    once for its cases."""
+    from .base import TargetError, TargetUnavailable
+    from .registry import resolve
+
     try:
-        return TargetFacts.from_json(rest)
-    except ValueError as exc:
+        cls = resolve(target_name)
+        cls.check_available()
+        return {FACTS: json.loads(facts_of(cls).to_json())}  # plain data (lists, not tuples), as it crosses a pipe
+    except TargetError as exc:
+        return {_UNKNOWN: " ".join(str(exc).split())}
+    except TargetUnavailable as exc:
+        return {_UNAVAILABLE: " ".join(str(exc).splitlines()[:1])}
+
+
+def facts_from_answer(target_name: str, answer) -> TargetFacts:
+    """The facts in an answer of :func:`read_facts_here` (read as data, from another process), or the
+    :class:`TargetError` / :class:`TargetUnavailable` it reports."""
+    from .base import TargetError, TargetUnavailable
+
+    if not (isinstance(answer, dict) and len(answer) == 1):
+        raise TargetError(f"target {target_name!r}: the process reading its facts answered what is not facts: "
+                          f"{str(answer)[:200]}")
+    (tag, rest), = answer.items()
+    if tag in (_UNAVAILABLE, _UNKNOWN) and isinstance(rest, str):
+        raise (TargetUnavailable if tag == _UNAVAILABLE else TargetError)(rest)
+    try:
+        if tag != FACTS:
+            raise WireError(f"the tag {str(tag)[:40]!r} is none of {FACTS}, {_UNKNOWN}, {_UNAVAILABLE}")
+        return from_data(TargetFacts, rest, "the target's facts")
+    except WireError as exc:
         raise TargetError(f"target {target_name!r}: the process reading its facts answered what is not facts: {exc}") from None
 
 
@@ -160,20 +196,10 @@ def _main(argv: list[str]) -> int:
     import contextlib
     import sys
 
-    from .base import TargetError, TargetUnavailable
-    from .registry import resolve
-
     answer = sys.stdout
     with contextlib.redirect_stdout(sys.stderr):
-        try:
-            cls = resolve(argv[0])
-            cls.check_available()
-            line = f"facts {facts_of(cls).to_json()}"
-        except TargetError as exc:
-            line = f"{_UNKNOWN} {' '.join(str(exc).split())}"
-        except TargetUnavailable as exc:
-            line = f"{_UNAVAILABLE} {' '.join(str(exc).splitlines()[:1])}"
-    answer.write(line + "\n")
+        (tag, rest), = read_facts_here(argv[0]).items()
+    answer.write(f"{tag} {json.dumps(rest) if tag == FACTS else rest}\n")
     return 0
 
 
