@@ -1,5 +1,5 @@
 """A target whose framework takes long to import (JAX behind torchax: 20 s) pays it once per process the run
-needs, not once per case, per facts query or per second attempt; and what
+needs, not once per case, per facts query, per second attempt or per failing tensor-parallel case; and what
 it warns and prints goes to the report, with one line in the terminal.
 
 ``tests/slow_start_targets.py`` sleeps ``$SLOW_START_SECONDS`` at import and appends one line per import to
@@ -22,6 +22,7 @@ from conformance.generator import profile_cases
 from conformance.isolation.process import IsolatedExecutor
 from conformance.targets import TargetError, TargetUnavailable
 from conformance.targets.facts import facts_of
+from conformance.tp.cases import tp_cases
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration  # each test runs the suite in a process of its own
@@ -54,6 +55,20 @@ def test_a_run_of_20_op_cases_imports_the_target_once_however_many_fail(tmp_path
     # (pytest's process) never imports the target. Before this, two: the facts process and the worker.
     assert len(imports) == 1 and "conformance/isolation/child.py" in imports[0], imports
     assert document["workers"][0]["worker_restarts"] == 0
+
+
+def test_a_port_whose_sharded_path_raises_starts_its_rank_pool_once(tmp_path):
+    cases = [case.case_id for case in tp_cases("smoke", 0) if case.tp_size == 2][:4]
+    completed, imports = conformance("RefusesRanks", cases, tmp_path)
+    output = completed.stdout[-3000:] + completed.stderr[-2000:]
+    document = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert {r["outcome"] for r in document["results"]} == {"not supported"} and len(document["results"]) == 4, output
+    assert all("the sharded path is not ported yet" in r["message"] for r in document["results"]), output
+    # every rank answered each case (none waits in a collective), so the pool stays: its 2 ranks once, plus the
+    # worker the facts came from; before, each case ended the pool and the next started 2 new ranks (1 + 4 × 2)
+    ranks = [line for line in imports if "conformance/tp/rank.py" in line]
+    assert len(ranks) == 2 and len(imports) == 3, imports
+    assert document["workers"][0]["tp_pool_starts"] == 1
 
 
 def test_what_the_target_warns_and_prints_is_in_the_report_and_one_terminal_line(tmp_path):
