@@ -74,7 +74,7 @@ def test_the_shipped_lists_load_and_hold_every_level():
     assert {"smoke", "standard", "release"} <= set(shipped)
     smoke = load_caselist("smoke")
     assert smoke.profile == "smoke" and smoke.seed == 0
-    assert {entry.level for entry in smoke.entries} == {"op", "model", "layer"}
+    assert {entry.level for entry in smoke.entries} == {"op", "model", "layer", "serving"}
     assert all(entry.inputs_digest.startswith("sha256:") for entry in smoke.entries)
 
 
