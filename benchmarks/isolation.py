@@ -37,6 +37,17 @@ EARLIER = (
     ("2026-12-05", "42e8fd4", "isolated, replies as data (conformance/wire), repeats judged by their bytes", "6,300", "98.4 s", "64"),
     ("2026-12-05", "42e8fd4", "the same cases with --isolation=none", "6,300", "87.8 s", "72"),
 )
+# A target slow to import (issue 35: a port on JAX behind torchax took 20 s), measured by hand: the op cases of
+# bgmv_shrink in the smoke profile (57) on tests/slow_start_targets.py's SlowStart with SLOW_START_SECONDS=20,
+# one fresh pytest process each, 2 shared cores; "imports" counts the processes that imported the target.
+START_UP_COMMAND = ("SLOW_START_SECONDS=20 SLOW_START_COUNT_FILE=F PYTHONPATH=tests pytest conformance "
+                    "--target=slow_start_targets:SlowStart --profile=smoke -m \"not e2e and not tp\" -k bgmv_shrink")
+START_UP = (
+    ("2026-12-06", "00dc162", "serial: a facts process, then the worker", "(serial)", "2", "50.0 s", "2.78"),
+    ("2026-12-06", "147fef0", "serial: the worker says the facts first", "(serial)", "1", "26.9 s", "2.84"),
+    ("2026-12-06", "00dc162", "-n 2: the controller's facts process, then a worker per xdist worker", "-n 2", "3", "52.9 s", "2.72"),
+    ("2026-12-06", "147fef0", "-n 2: unchanged (the controller hands its facts to the xdist workers)", "-n 2", "3", "56.8 s", "2.00"),
+)
 GOAL_CASES_PER_S = 100.0  # issue 31: the standard profile, -n 2, --repeat 2, on an idle 2-core machine
 GOAL_RATIO = 1.5  # the isolated run's wall time at most 1.5x the in-process run's
 
@@ -132,6 +143,14 @@ def report(measured: list[tuple[IsolationRun, dict]], command: str, machine_line
               "(pytest's own time, warm cache; the profile grew by the rank-512 and long-batch families between "
               "the first row and the others, which is most of the drop from the first row):", ""]
     lines += table(["date", "commit", "what ran", "cases", "time", "cases/s"], [list(row) for row in EARLIER]) + [""]
+    lines += ["## A target slow to start", "",
+              "What a run pays for a target whose import takes 20 s (a framework's start-up) is that time per process "
+              f"that imports it. Measured by hand: `{START_UP_COMMAND}` (57 cases, 2 cores shared with other jobs, the 1-minute load at the start in "
+              "the last column):", ""]
+    lines += table(["date", "commit", "what imports the target", "option", "imports", "wall", "load"], [list(row) for row in START_UP]) + [""]
+    lines += ["With `-n 2` the controller still reads the facts in a process of its own before xdist starts its workers "
+              "(each xdist worker is handed them and imports the target once, in its worker): 20 s on the critical path "
+              "that a serial run no longer pays.", ""]
     lines += ["## Goals", ""]
     for s in rows:
         lines.append(f"- {s['part']}: isolated ≥ {GOAL_CASES_PER_S:.0f} cases/s: {s['cases_per_s']:.1f}, "
