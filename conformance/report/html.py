@@ -290,6 +290,9 @@ def _run(document: dict, results: list[dict]) -> str:
         selection = f" (a selection: {expected} of this shard's {shard})" if expected != shard else ""
         rows.append(("cases", f"{expected} expected{selection}; the profile holds {document['case_list']['count']}"))
     rows.extend((f"skipped: {name}", why) for name, why in skipped_parts(document.get("environment") or {}))  # optional parts missing
+    placements = dict.fromkeys(r["placement"]["label"] for r in results if isinstance(r.get("placement"), dict))
+    if placements:  # where tensor-parallel ranks ran (conformance.tp.placement): shared devices, fallback collectives
+        rows.append(("tensor-parallel ranks", "; ".join(placements)))
     body = "".join(f"<dt>{escaped(name)}</dt><dd>{escaped(value)}</dd>" for name, value in rows)
     legend = " ".join(badge(outcome, f"{counts.get(outcome, 0)} {outcome}") for outcome in OUTCOME_STYLE)
     return f'<section id="run"><h2>Run</h2><dl class="run">{body}</dl><p>{len(results)} cases: {legend}</p></section>'
