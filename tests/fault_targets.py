@@ -640,6 +640,33 @@ class NegativeIndexIsLastSlot(PlainTorchTarget):
         return torch.where(slots == -1, num_slots - 1, slots)
 
 
+class BaseRowsGetSlotZeroInOneLayer(PlainTorchTarget):
+    """Rows without adapter (slot −1) get slot 0's delta in one call of each forward pass: the first
+    ``add_lora_linear`` after ``update_metadata`` (layer 0's packed q/k/v projection in every fixture model).
+
+    Enabling LoRA changes what requests without an adapter generate (vllm#49063: greedy outputs of base
+    requests changed once LoRA was enabled), on one layer only, as a path taken by one kind of projection
+    would. End to end, base requests fail as ``changed base requests`` and nothing else fails."""
+
+    name = "fault-base-rows-get-slot0-in-one-layer"
+    _calls = 0
+    _hit = False
+
+    def update_metadata(self, mapping):
+        super().update_metadata(mapping)
+        self._calls = 0
+
+    def add_lora_linear(self, *args, **kwargs):
+        self._hit, self._calls = self._calls == 0, self._calls + 1
+        try:
+            return super().add_lora_linear(*args, **kwargs)
+        finally:
+            self._hit = False
+
+    def resolve_slots(self, slots, num_slots):
+        return torch.where(slots == -1, 0, slots) if self._hit else slots
+
+
 class SlotIdUsedAsSlot(PlainTorchTarget):
     """Slots read the previous slot's weights: a 1-based adapter id converted to a slot twice.
 
@@ -1812,6 +1839,7 @@ rule alone. In ``FAULTS``: the smoke profile catches them."""
 
 FAULTS: tuple[type[PlainTorchTarget], ...] = (
     NegativeIndexIsLastSlot,
+    BaseRowsGetSlotZeroInOneLayer,
     SlotIdUsedAsSlot,
     MaskBlockOffByOne,
     LastSlotNeverApplied,

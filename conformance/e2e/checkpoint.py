@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from .fp8 import dequantize_experts
+
 REGENERATE = "regenerate them with `python fixtures/make_fixtures.py`"
 
 
@@ -70,6 +72,7 @@ class ModelConfig:
     experts: ExpertsConfig | None = None
     parallel: ParallelBlockConfig | None = None
     num_labels: int | None = None  # a token classifier's label count (its head replaces the lm_head)
+    fp8_experts: bool = False  # a Mixtral whose experts are stored in fp8 (conformance.e2e.fp8)
 
     @property
     def head_dim(self) -> int:
@@ -90,7 +93,7 @@ class ModelConfig:
             if raw.get(field, allowed) != allowed:
                 raise ValueError(f"{path}: field {field!r} is {raw[field]!r}; the suite's decoder implements only {allowed!r}")
         fields = {name: kind for name, kind in cls.__annotations__.items()
-                  if name not in ("experts", "parallel", "norm_eps", "num_labels")}
+                  if name not in ("experts", "parallel", "norm_eps", "num_labels", "fp8_experts")}
         eps_field = "layer_norm_eps" if model_type == "cohere" else "rms_norm_eps"
         config = cls(
             **_read_fields(raw, path, fields),
@@ -98,6 +101,7 @@ class ModelConfig:
             experts=_experts(raw, path) if model_type == "mixtral" else None,
             parallel=ParallelBlockConfig(**_read_fields(raw, path, {"logit_scale": "float"})) if model_type == "cohere" else None,
             num_labels=_num_labels(raw, path),
+            fp8_experts=_fp8_experts(raw, path),
         )
         if config.hidden_size % config.num_attention_heads or config.num_attention_heads % config.num_key_value_heads:
             raise ValueError(f"{path}: hidden_size, num_attention_heads and num_key_value_heads do not divide evenly")
@@ -146,6 +150,21 @@ def _num_labels(raw: dict, path: Path) -> int | None:
     if not isinstance(labels, dict) or not labels:
         raise ValueError(f"{path}: missing field 'id2label' (a token classifier's labels); {REGENERATE}")
     return len(labels)
+
+
+FP8_QUANTIZATION = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+
+
+def _fp8_experts(raw: dict, path: Path) -> bool:
+    """Whether the checkpoint stores a Mixtral's experts in fp8 (``quantization_config``: vLLM's ``fp8`` method,
+    dynamic activations); any other quantization is refused, not approximated."""
+    quantization = raw.get("quantization_config")
+    if quantization is None:
+        return False
+    if quantization != FP8_QUANTIZATION or raw.get("model_type") != "mixtral":
+        raise ValueError(f"{path}: field 'quantization_config' is {quantization!r}; the suite's decoder implements only "
+                         f"{FP8_QUANTIZATION!r} on a mixtral (fp8 experts)")
+    return True
 
 
 def _experts(raw: dict, path: Path) -> ExpertsConfig:
@@ -246,13 +265,30 @@ def _fuse_experts(weights: dict[str, torch.Tensor], config: ModelConfig, where: 
             raise ValueError(f"{where}: missing tensor {name!r}; {REGENERATE}")
         return fused.pop(name)
 
+    def fp8(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        weight, scale = take(name + ".weight"), take(name + ".weight_scale")
+        if weight.dtype != torch.float8_e4m3fn or scale.numel() != 1 or not scale.is_floating_point():
+            raise ValueError(f"{where}: tensor {name + '.weight'!r} must be float8_e4m3fn with a one-element floating "
+                             f"{name + '.weight_scale'!r} (got {weight.dtype}, {scale.dtype} {tuple(scale.shape)}); {REGENERATE}")
+        return weight, scale.reshape(()).to(torch.float32)
+
+    def expert(prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """An expert's gate/up (w1 rows, then w3 rows) and down weights, dequantized as vLLM's fp8 MoE does."""
+        if config.fp8_experts:
+            return dequantize_experts(*fp8(prefix + "w1"), *fp8(prefix + "w3"), *fp8(prefix + "w2"))
+        w1, w3, w2 = (take(f"{prefix}{w}.weight") for w in ("w1", "w3", "w2"))
+        try:
+            return torch.cat([w1, w3]), w2
+        except RuntimeError as exc:  # experts of unequal shapes
+            raise ValueError(f"{where}: expert {prefix!r} has w1 and w3 of unequal shapes: {exc}") from None
+
     for layer in range(config.num_hidden_layers):
         old, new = f"model.layers.{layer}.block_sparse_moe.", f"model.layers.{layer}.mlp."
         fused[new + "gate.weight"] = take(old + "gate.weight")
-        experts = [{w: take(f"{old}experts.{e}.{w}.weight") for w in ("w1", "w3", "w2")} for e in range(config.experts.num_experts)]
+        experts = [expert(f"{old}experts.{e}.") for e in range(config.experts.num_experts)]
         try:
-            fused[new + "experts.gate_up_proj"] = torch.stack([torch.cat([x["w1"], x["w3"]]) for x in experts])
-            fused[new + "experts.down_proj"] = torch.stack([x["w2"] for x in experts])
+            fused[new + "experts.gate_up_proj"] = torch.stack([gate_up for gate_up, _ in experts])
+            fused[new + "experts.down_proj"] = torch.stack([down for _, down in experts])
         except RuntimeError as exc:  # experts of unequal shapes
             raise ValueError(f"{where}: the experts of layer {layer} do not stack: {exc}") from None
     leftover = sorted(name for name in fused if ".block_sparse_moe." in name)

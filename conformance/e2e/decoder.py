@@ -12,6 +12,9 @@ a target exercises that target's wrapper methods end to end, without vLLM:
 * a Cohere layer: ``x + attn(h) + mlp(h)`` with ``h = LayerNorm(x)``, and ``add_lora_linear`` on
   ``qkv_gate_up_proj`` (the five projections of ``h`` as 5 slices of widths ``(H, kv, kv, I, I)``, as a
   backend that fuses them would call it), ``o_proj`` and ``down_proj``;
+* fp8 experts (``ModelConfig.fp8_experts``): the weights dequantized on load as vLLM's fp8 MoE method does, the
+  base expert GEMMs on activations quantized per token, the LoRA calls on the unquantized ones
+  (:mod:`conformance.e2e.fp8`);
 * a Mixtral layer's experts instead of the MLP: the router (softmax over all experts, the top-k, their
   weights renormalized) in plain torch, each chosen expert's gate/up projection, then
   ``add_lora_w13`` on it (one fused ``2·I`` slice, routing weights not applied), SiLU-and-multiply, the
@@ -42,6 +45,7 @@ import torch
 from conformance.reference.mapping import LoRAMapping
 
 from .checkpoint import Checkpoint, layer_shapes
+from .fp8 import quantize_per_token
 from .lora_stacks import ExpertsSite, LoRAStacks, packed_modules
 
 
@@ -94,6 +98,7 @@ class LoRADecoder:
     def __init__(self, checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device, wrapper) -> None:
         self.config = config = checkpoint.config
         self.dtype, self.device, self.wrapper = dtype, device, wrapper
+        self.quantize_activations = True  # fp8 experts: the base GEMMs read fp8 activations (base_input)
         self.compute_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         w = {name: t.to(device=device, dtype=dtype) for name, t in checkpoint.weights.items()}
         self.embed = w["model.embed_tokens.weight"]
@@ -213,16 +218,24 @@ class LoRADecoder:
         if c.norm_topk_prob:
             weights = weights / weights.sum(-1, keepdim=True)
         topk_ids, topk_weights = ids.to(torch.int32), weights.to(torch.float32)
-        # the base experts, one product per (token, choice): gate/up [T, top_k, 2·I]
-        gate_up = (layer["experts.gate_up_proj"][ids] @ x[:, None, :, None]).squeeze(-1)
+        # the base experts, one product per (token, choice): gate/up [T, top_k, 2·I]; fp8 experts multiply fp8
+        # activations, and LoRA reads them unquantized (conformance.e2e.fp8)
+        gate_up = (layer["experts.gate_up_proj"][ids] @ self.base_input(x)[:, None, :, None]).squeeze(-1)
         self.wrapper.add_lora_w13(gate_up, x, site.w13_lora_a, site.w13_lora_b, topk_ids, topk_weights, site.adapter_enabled)
         gate, up = gate_up.chunk(2, -1)
         activated = torch.nn.functional.silu(gate) * up  # [T, top_k, I]; row t·top_k + k of the w2 input
-        down = (layer["experts.down_proj"][ids] @ activated[..., None]).squeeze(-1)  # [T, top_k, hidden]
+        down = (layer["experts.down_proj"][ids] @ self.base_input(activated)[..., None]).squeeze(-1)  # [T, top_k, hidden]
         down = (down.to(compute) * topk_weights.to(compute)[..., None]).to(self.dtype)
         self.wrapper.add_lora_w2(down, activated.reshape(-1, activated.size(-1)), site.w2_lora_a, site.w2_lora_b,
                                  topk_ids, topk_weights, site.adapter_enabled)
         return down.sum(1)
+
+    def base_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the base experts multiply: ``x`` itself, or for fp8 experts ``x`` quantized per row (vLLM's
+        dynamic per-token fp8 activations), unless ``quantize_activations`` is off (the PEFT oracle's comparison)."""
+        if not (self.config.fp8_experts and self.quantize_activations):
+            return x
+        return quantize_per_token(x, self.compute_dtype)
 
     # -- one forward pass ----------------------------------------------------------------------
 

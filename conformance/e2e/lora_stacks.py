@@ -111,8 +111,11 @@ class LoRAStacks:
         return len(self.slots)
 
     @classmethod
-    def build(cls, adapters: tuple[Adapter | None, ...], model: ModelConfig, dtype: torch.dtype, device) -> LoRAStacks:
-        max_rank = max((a.max_rank for a in adapters if a is not None), default=1)
+    def build(cls, adapters: tuple[Adapter | None, ...], model: ModelConfig, dtype: torch.dtype, device,
+              max_rank: int | None = None) -> LoRAStacks:
+        """``max_rank``: the stacks' rank width (default: the largest rank of ``adapters``; a served engine
+        sizes its stacks once for every adapter it may load, as vLLM's ``max_lora_rank``)."""
+        max_rank = max_rank or max((a.max_rank for a in adapters if a is not None), default=1)
 
         def stack(layer: int | None, module: str, shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
             return _stack(adapters, layer, module, shape, max_rank, dtype, device)
@@ -159,3 +162,31 @@ def _stack(adapters, layer, module, shape, max_rank, dtype, device):
             a_stack[slot, :, : delta.rank] = delta.a.double()
             b_stack[slot, :, :, : delta.rank] = delta.b.double() * delta.scaling
     return a_stack.to(device=device, dtype=dtype), b_stack.to(device=device, dtype=dtype)
+
+
+def stack_tensors(stacks: LoRAStacks) -> list[torch.Tensor]:
+    """Every tensor of ``stacks``, in a fixed order (two stacks built alike list theirs alike)."""
+    found: list[torch.Tensor] = []
+
+    def walk(value) -> None:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            for key in sorted(value):
+                walk(value[key])
+        elif hasattr(value, "__dataclass_fields__"):
+            for name in value.__dataclass_fields__:
+                walk(getattr(value, name))
+
+    walk(stacks)
+    return found
+
+
+def load_in_place(persistent: LoRAStacks, stacks: LoRAStacks) -> None:
+    """Write ``stacks`` (the adapters of a batch, same slots and rank width) into ``persistent``'s tensors, in
+    place: what vLLM does when it activates adapters into the stacked buffers a captured graph reads."""
+    for into, value in zip(stack_tensors(persistent), stack_tensors(stacks), strict=True):
+        into.copy_(value)

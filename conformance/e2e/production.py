@@ -25,6 +25,12 @@ from .generation import Generation, Request, Step
 RAN, NOT_SUPPORTED, RAISED = "ran", "not_supported", "raised"
 STATUSES = (RAN, NOT_SUPPORTED, RAISED)
 WHOLE_BATCH = "batch"
+# How a planned batch runs on the target's engine: as served with LoRA (every check's batches), with LoRA
+# disabled (base-request invariance: the same engine built without LoRA), or with its decode steps replayed
+# from captured graphs (graphs vs eager).
+LORA, LORA_DISABLED, GRAPHS = "lora", "lora disabled", "graphs"
+ENGINES = (LORA, LORA_DISABLED, GRAPHS)
+BASE_CHECK, GRAPHS_CHECK = "LoRA disabled", "graphs"  # the names of those two batches in a case's plan
 
 
 class PlannedRun(NamedTuple):
@@ -35,6 +41,7 @@ class PlannedRun(NamedTuple):
     score: bool  # teacher-forced on the reference's continuations
     generate: bool  # free-running greedy
     against: str | None  # for an invariance check, how its messages name this batch (compare.Comparison)
+    engine: str = LORA  # LORA, LORA_DISABLED or GRAPHS
 
 
 def batch_plan(case: E2ECase) -> tuple[PlannedRun, ...]:
@@ -44,6 +51,27 @@ def batch_plan(case: E2ECase) -> tuple[PlannedRun, ...]:
     score and generate the whole batch and then each other batch: every request alone (batch_invariance),
     or the batch reversed and rotated by one (order_invariance).
     """
+    return (*check_plan(case), *engine_checks(case))
+
+
+def engine_checks(case: E2ECase) -> tuple[PlannedRun, ...]:
+    """The batches every case adds to its check's: the whole batch with LoRA disabled, scored and generated as
+    the whole batch is (base-request invariance; none for a batch without base requests), and the whole batch
+    generated with captured graphs (graphs vs eager; none for a token classifier, which runs one prefill and no
+    decode step)."""
+    whole = check_plan(case)[0]
+    everyone = whole.order
+    runs = []
+    if any(request.adapter is None for request in case.requests):
+        runs.append(PlannedRun(BASE_CHECK, everyone, whole.score, whole.generate, "the same engine with LoRA disabled",
+                               LORA_DISABLED))
+    if not case.is_token_classifier:
+        runs.append(PlannedRun(GRAPHS_CHECK, everyone, False, True, "the same engine run eagerly", GRAPHS))
+    return tuple(runs)
+
+
+def check_plan(case: E2ECase) -> tuple[PlannedRun, ...]:
+    """The batches of the case's own check (``batch_plan`` without the engine checks)."""
     everyone = tuple(range(len(case.requests)))
     if case.kind in ("teacher_forced_logits", "token_classification"):
         return (PlannedRun(WHOLE_BATCH, everyone, True, False, None),)
@@ -61,12 +89,14 @@ def batch_plan(case: E2ECase) -> tuple[PlannedRun, ...]:
 
 @dataclass(frozen=True)
 class BatchRun:
-    """What the target's engine returned for one planned batch (``None``: not asked of this batch)."""
+    """What the target's engine returned for one planned batch (``None``: not asked of this batch, or, with a
+    ``note``, not run: the graphs batch of a target that captures no graphs says why in its note)."""
 
     name: str
     order: tuple[int, ...]
     scored: tuple[Generation, ...] | None = None  # teacher-forced, one per request in ``order``
     generated: tuple[Generation, ...] | None = None  # greedy, one per request in ``order``
+    note: str | None = None  # why the batch did not run ("eager only: …", "not supported here: …")
 
 
 Repetition = tuple[BatchRun, ...]  # every planned batch, in plan order, once

@@ -33,7 +33,24 @@ from .compare import GENERATION_TOLERANCES, Comparison, Problem
 from .decoder_engine import DecoderEngine
 from .fixture_files import FixtureFiles, fixtures_dir
 from .generation import Generation, slot_assignment
-from .production import NOT_SUPPORTED, RAISED, RAN, WHOLE_BATCH, BatchRun, E2EProduction, Repetition, batch_plan
+from .production import (
+    BASE_CHECK,
+    GRAPHS,
+    GRAPHS_CHECK,
+    NOT_SUPPORTED,
+    RAISED,
+    RAN,
+    WHOLE_BATCH,
+    BatchRun,
+    E2EProduction,
+    Repetition,
+    batch_plan,
+    check_plan,
+)
+
+CHECKED = "checked"
+NO_BASE_REQUEST = "not applicable: the batch has no request without an adapter"
+ONE_PREFILL = "not applicable: a token classifier runs one prefill and no decode step"
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,8 @@ class E2EResult(CaseResult):
     case: E2ECase
     max_logprob_error: float | None = None  # against the reference (invariance: between the two runs)
     tokens: GeneratedTokens | None = None  # what the target generated (None: it generated nothing)
+    # the checks every case adds, by name ("base_request_invariance", "graphs_vs_eager"): "checked", or why not
+    engine_checks: dict[str, str] | None = None
 
     @property
     def level(self) -> Level:
@@ -103,7 +122,8 @@ class E2EResult(CaseResult):
     def to_json(self) -> dict:
         """The op record (its ``determinism`` is this case's, above), and the generated tokens (``python -m
         conformance.report compare`` compares them)."""
-        return {**super().to_json(), "tokens": self.tokens.to_json() if self.tokens else None}
+        return {**super().to_json(), "tokens": self.tokens.to_json() if self.tokens else None,
+                "engine_checks": self.engine_checks}
 
     def measurement_json(self) -> dict | None:
         """The largest log-prob error and its ratio to the dtype's bound (the report's budget ratio)."""
@@ -169,7 +189,10 @@ class E2EReferee:
             return E2EResult(case.case_id, case, Outcome.FAIL, f"the target's engine returned malformed output: {malformed}",
                              features=features, failing_slots=tuple(sorted(set(slots))),
                              kinds=(FailureKind.WRONG_OUTPUT_TYPE,), **measured)
-        problems, max_error, tokens = self._check(case, production.batch_runs(), reference)
+        runs = production.batch_runs()
+        measured["engine_checks"] = engine_checks(case, runs)
+        problems, max_error, tokens = self._check(case, runs, reference)
+        problems = self._engine_problems(case, runs, reference, problems)
         if not problems:
             return E2EResult(case.case_id, case, Outcome.PASS, features=features, max_logprob_error=max_error, tokens=tokens,
                              **measured)
@@ -194,6 +217,8 @@ class E2EReferee:
             for what, asked, generations in (("scored", planned.score, run.scored), ("generated", planned.generate, run.generated)):
                 if not asked:
                     continue
+                if generations is None and run.note and planned.engine == GRAPHS:
+                    continue  # the engine captures no graphs: the note says why (the result's engine_checks)
                 if generations is None or len(generations) != len(planned.order):
                     count = "nothing" if generations is None else f"{len(generations)} generations"
                     return f"batch {run.name!r}: {what} {count} for its {len(planned.order)} requests"
@@ -223,13 +248,59 @@ class E2EReferee:
             return problems, compare.max_logprob_error(got, reference, common_prefix=True), GeneratedTokens.of("greedy", got, reference)
         scored, generated = list(whole.scored), list(whole.generated)
         worst = 0.0
-        for planned in batch_plan(case)[1:]:
+        for planned in check_plan(case)[1:]:
             other = runs[planned.name]
             for position, i in enumerate(planned.order):
                 problems += compare.scores(i, scored[i], other.scored[position], planned.against)
                 problems += compare.greedy(i, generated[i], other.generated[position], planned.against)
             worst = max(worst, compare.max_logprob_error(list(other.scored), [scored[i] for i in planned.order]))
         return problems, worst, GeneratedTokens.of("greedy", generated, reference)
+
+
+    def _engine_problems(self, case: E2ECase, runs: dict[str, BatchRun], reference: list[Generation],
+                         problems: list[Problem]) -> list[Problem]:
+        """``problems`` and those of the checks every case adds.
+
+        Base-request invariance: each request without an adapter against the same request in the batch run with
+        LoRA disabled, by the invariance rules (what the whole batch scored and generated); a difference is
+        ``BASE_CHANGED``, and it is the cause of whatever else that request shows, so all of that request's
+        problems take that kind alone. Graphs vs eager: the batch generated from captured graphs against the
+        reference and against the eager run (where the case's check generated the whole batch): ``TOKENS``.
+        """
+        compare = Comparison(case.dtype, show_labels if case.is_token_classifier else self.decode)
+        whole, found = runs[WHOLE_BATCH], []
+        if (base := runs.get(BASE_CHECK)) is not None:
+            against = "the same engine with LoRA disabled"
+            for position, i in enumerate(base.order):
+                if case.requests[i].adapter is not None:
+                    continue
+                if base.scored is not None:
+                    found += compare.scores(i, whole.scored[i], base.scored[position], against)
+                if base.generated is not None:
+                    found += compare.greedy(i, whole.generated[i], base.generated[position], against)
+            found = [Problem(p.request_index, p.generation, f"base-request invariance: {p.message}",
+                             frozenset({FailureKind.BASE_CHANGED})) for p in found]
+        graphs = runs.get(GRAPHS_CHECK)
+        if graphs is not None and graphs.generated is not None:
+            eager = "the same engine run eagerly"
+            for position, i in enumerate(graphs.order):
+                mine = graphs.generated[position]
+                found += [Problem(p.request_index, p.generation, f"with captured graphs: {p.message}", p.kinds)
+                          for p in compare.greedy(i, mine, reference[i])
+                          + (compare.greedy(i, mine, whole.generated[i], eager) if whole.generated is not None else [])]
+        changed = {p.request_index for p in found if FailureKind.BASE_CHANGED in p.kinds}
+        return [p if p.request_index not in changed else Problem(p.request_index, p.generation, p.message,
+                                                                  frozenset({FailureKind.BASE_CHANGED}))
+                for p in problems + found]
+
+
+def engine_checks(case: E2ECase, runs: dict[str, BatchRun]) -> dict[str, str]:
+    """What the result says of the checks every case adds: ``"checked"``, or why not."""
+    graphs = runs.get(GRAPHS_CHECK)
+    return {
+        "base_request_invariance": CHECKED if BASE_CHECK in runs else NO_BASE_REQUEST,
+        "graphs_vs_eager": ONE_PREFILL if graphs is None else graphs.note or CHECKED,
+    }
 
 
 def show_labels(ids: list[int]) -> str:

@@ -16,6 +16,7 @@ token classifier's (``TOKEN_CLASSIFICATION_ON_VLLM``); on a decoder target they 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -28,7 +29,19 @@ from conformance.wire import to_data
 from .cases import MAX_NEW_TOKENS, PARALLEL_MODEL, TOKCLS_MODEL, TOP_K, E2ECase
 from .decoder_engine import DecoderEngine, encode_prompt
 from .fixture_files import FixtureFiles, fixtures_dir
-from .production import NOT_SUPPORTED, RAISED, RAN, BatchRun, E2EProduction, Repetition, batch_plan, plain_generations
+from .generation import Request
+from .production import (
+    GRAPHS,
+    LORA_DISABLED,
+    NOT_SUPPORTED,
+    RAISED,
+    RAN,
+    BatchRun,
+    E2EProduction,
+    Repetition,
+    batch_plan,
+    plain_generations,
+)
 
 WRAPPER_METHODS = ("add_lora_linear", "add_lora_embedding", "add_lora_logits")
 MOE_WRAPPER_METHODS = ("add_lora_w13", "add_lora_w2")
@@ -199,18 +212,41 @@ def _fed_continuations(case: E2ECase, continuations) -> list[tuple[int, ...]]:
 
 
 def _run_plan(engine, case: E2ECase, plan, continuations) -> Repetition:
-    """Every planned batch once, scored then generated, as plain data."""
+    """Every planned batch once, scored then generated, as plain data.
+
+    A batch with LoRA disabled serves every request as a base request (the engine without LoRA takes no
+    adapter) and hands each generation back under its request; the graphs batch runs where the engine captures
+    graphs, and otherwise carries the engine's reason (``graphs_unsupported_reason``) instead of generations.
+    """
     requests, runs = case.requests, []
     for planned in plan:
         chosen = [requests[i] for i in planned.order]
+        options = {}
+        if planned.engine == LORA_DISABLED:
+            options = {"lora": False}
+            chosen = [Request(r.prompt, None) for r in chosen]
+        elif planned.engine == GRAPHS:
+            if note := engine.graphs_unsupported_reason():
+                runs.append(BatchRun(planned.name, planned.order, note=note))
+                continue
+            options = {"graphs": True}
         scored = generated = None
         if planned.score:
             chosen_continuations = [continuations[i] for i in planned.order]
-            scored = plain_generations(engine.score(chosen, chosen_continuations, TOP_K, case.max_loras))
+            scored = _as_asked(engine.score(chosen, chosen_continuations, TOP_K, case.max_loras, **options), requests, planned)
         if planned.generate:
-            generated = plain_generations(engine.generate(chosen, MAX_NEW_TOKENS, TOP_K, case.max_loras))
+            generated = _as_asked(engine.generate(chosen, MAX_NEW_TOKENS, TOP_K, case.max_loras, **options), requests, planned)
         runs.append(BatchRun(planned.name, planned.order, scored, generated))
     return tuple(runs)
+
+
+def _as_asked(generations, requests: list[Request], planned):
+    """Plain generations, each under the request the plan asked for (a batch with LoRA disabled ran them as base
+    requests)."""
+    plain = plain_generations(generations)
+    if planned.engine != LORA_DISABLED:
+        return plain
+    return tuple(dataclasses.replace(g, request=requests[i]) for g, i in zip(plain, planned.order))
 
 
 def serve(executor, request: dict) -> dict:

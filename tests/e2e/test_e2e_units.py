@@ -321,7 +321,7 @@ def test_every_batch_names_its_models_fixture_adapters_and_fits_its_slots():
 
 def test_the_moe_batches_run_the_moe_model_as_their_own_ops():
     moe = [case for case in E2E_CASES if case.is_moe]
-    assert {case.batch for case in moe} == {"moe-mixed", "moe-one-slot"}
+    assert {case.batch for case in moe} == {"moe-mixed", "moe-one-slot", "moe-fp8-mixed"}
     assert {case.op for case in moe} == {"moe_teacher_forced_logits", "moe_greedy_generation", "moe_batch_invariance",
                                          "moe_order_invariance"}
     assert {"neg1", "last_slot"} <= E2ECase("greedy_generation", "moe-mixed", "float32", True).features()
@@ -339,7 +339,11 @@ def test_smoke_is_a_subset_and_standard_has_every_kind_and_dtype():
     assert {c.kind for c in standard} == {"teacher_forced_logits", "greedy_generation", "batch_invariance", "order_invariance",
                                           "token_classification"}
     assert {c.dtype for c in standard} == {"float32", "bfloat16", "float16"}
-    assert (len(standard), len(smoke)) == (69, 9)  # dense 36 + MoE 18 + packed5 12 + token classifier 3; smoke dense 5 + MoE 2 + packed5 2
+    # dense 36 + MoE 18 + fp8 MoE 4 (no float16) + packed5 12 + token classifier 3; smoke dense 5 + MoE 2 + fp8 MoE 1 + packed5 2
+    assert (len(standard), len(smoke)) == (73, 10)
+    assert {c.dtype for c in standard if c.batch == "moe-fp8-mixed"} == {"float32", "bfloat16"}
+    with pytest.raises(ValueError, match="fp8 model 'tiny-mixtral-fp8' in float16"):
+        E2ECase("greedy_generation", "moe-fp8-mixed", "float16", False)
     assert len({c.case_id for c in standard}) == len(standard)
 
 
