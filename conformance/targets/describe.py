@@ -175,10 +175,16 @@ def _composition(target: Target, op: str) -> str | None:
     """The composition(s) a KernelTarget derives wrapper op ``op`` by; None when it does not derive it."""
     if not isinstance(target, KernelTarget) or OP_SPECS[op].level != Level.WRAPPER or not target.derived_from(op):
         return None
+    return ", ".join(dict.fromkeys(_paths(target, op)))
+
+
+def _paths(target: KernelTarget, op: str) -> list[str]:
+    """The kernel compositions a derived wrapper op runs, through its parts (a layer op composed of
+    ``add_lora_linear``, itself of ``add_shrink`` and ``add_expand``) down to the kernel-backed ones."""
     parts = OP_SPECS[op].composed_of
     if not parts:
-        return target.wrapper_path(op)
-    return ", ".join(dict.fromkeys(target.wrapper_path(part) for part in parts if not target.overrides(part)))
+        return [target.wrapper_path(op)]
+    return [path for part in parts if not target.overrides(part) for path in _paths(target, part)]
 
 
 def _derivation(target: KernelTarget, op: str) -> str:
@@ -188,7 +194,7 @@ def _derivation(target: KernelTarget, op: str) -> str:
         return f"derived from kernels ({kernels}) by the {target.wrapper_path(op)} composition"
     own = [part for part in parts if target.overrides(part)]
     sources = ([f"kernels ({kernels})"] if kernels else []) + ([f"{', '.join(own)} (implemented)"] if own else [])
-    steps = [part if part in own else f"{part} ({target.wrapper_path(part)} composition)" for part in parts]
+    steps = [part if part in own else f"{part} ({', '.join(dict.fromkeys(_paths(target, part)))} composition)" for part in parts]
     return f"derived from {' and '.join(sources)} via {' then '.join(steps)}"
 
 

@@ -455,6 +455,9 @@ class VllmPunicaWrapperTarget(TokenHeadFromShrink, Target):
 
     # vLLM's GPU runner: the mapping covers a batch's real tokens, the layer gets the rows padded to a graph's size
     serving_padding: ClassVar[str] = "real-rows"
+    # the one wrapper of a serving sequence (start_serving); None: each batch builds its own. A class default as
+    # well, so that a subclass whose __init__ does not call this one's still builds a wrapper per batch.
+    serving_wrapper = None
 
     def start_serving(self, capacity) -> None:
         """One wrapper for a whole serving sequence, as vLLM's model manager builds one at start-up:

@@ -90,9 +90,10 @@ def test_compare_json_counts_each_runs_outcomes_and_names_the_cases_that_differ(
     # per level × op × dtype: each run's counts and ratio quantiles, as its own results say
     cells = {(c["level"], c["op"], c["dtype"]): c for c in comparison["cells"]}
     assert set(cells) == {(r["level"], r["op"], r["dtype"]) for r in documents["cpu"]["results"]}
-    for (_, op, dtype), cell in cells.items():
+    for (level, op, dtype), cell in cells.items():
         for target, run in documents.items():
-            mine = [r for r in run["results"] if (r["op"], r["dtype"]) == (op, dtype)]
+            # by level too: a serving case names the op of the layer it serves (add_lora_linear at both levels)
+            mine = [r for r in run["results"] if (r["level"], r["op"], r["dtype"]) == (level, op, dtype)]
             assert cell["runs"][target]["counts"] == dict(Counter(r["outcome"] for r in mine))
             # as results.json writes them: an infinite ratio (an end-to-end token given no probability) as "inf"
             ratios = sorted(number_from_json(r["measurement"]["budget_ratio"]) for r in mine

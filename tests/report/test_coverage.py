@@ -59,7 +59,7 @@ def test_a_run_records_the_coverage_of_its_cases(tmp_path):
     completed = conformance("--target=reference", "--profile=smoke", "-m", "not e2e", "-k", "bgmv_shrink", report_dir=tmp_path)
     assert completed.returncode == 0, completed.stdout[-2000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert list(results)[-3:] == ["clusters", "coverage", "results"] and results["clusters"] == []
+    assert list(results)[-4:] == ["clusters", "coverage", "target_output", "results"] and results["clusters"] == []
     [(name, op)] = results["coverage"]["ops"].items()
     assert name == "bgmv_shrink" and op["cases"] == op["passed"] == len(results["results"])
     features = Counter(feature for r in results["results"] for feature in r["features"])

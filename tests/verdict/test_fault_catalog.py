@@ -211,6 +211,10 @@ MOE_WRAPPERS = ("add_lora_w13", "add_lora_w2")
 DENSE_WRAPPERS = tuple(op for op in WRAPPER_OPS if op not in MOE_WRAPPERS)
 
 
+# vLLM 0.34's layer ops made of add_lora_linear: there wherever add_lora_linear is
+LINEAR_LAYERS = ("grouped_lora_linear", "fp32_output_lora_linear")
+
+
 def _with_kernels(kernels: tuple[str, ...], **methods) -> PlainTorchTarget:
     """A PlainTorchTarget that defines only ``kernels`` (the others set to None) plus ``methods``."""
     missing = {op: None for op in KERNEL_OPS if op not in kernels}
@@ -224,16 +228,16 @@ def _with_kernels(kernels: tuple[str, ...], **methods) -> PlainTorchTarget:
         pytest.param(CLASSIC + MOE, WRAPPER_OPS, id="classic-ops"),
         pytest.param(LORA, DENSE_WRAPPERS, id="lora-dense-only"),
         pytest.param(CLASSIC + ("fused_moe_lora",), WRAPPER_OPS, id="classic-ops-naive-moe"),
-        pytest.param(("lora_expand",), ("add_expand", "add_lora_embedding"), id="lora-expand-only"),
+        pytest.param(("lora_expand",), ("add_expand", "add_lora_embedding", "scaled_embedding_lora"), id="lora-expand-only"),
         pytest.param(("lora_shrink",), ("add_shrink", "apply_lora_full_linear", "token_classification_head"), id="lora-shrink-only"),
         pytest.param(("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice"), DENSE_WRAPPERS, id="bgmv-only"),
         pytest.param(("sgmv_shrink", "sgmv_expand", "sgmv_expand_slice"), DENSE_WRAPPERS, id="sgmv-only"),
         pytest.param(("sgmv_shrink", "bgmv_shrink", "sgmv_expand_slice", "bgmv_expand_slice"),
-                     ("add_shrink", "add_expand", "add_lora_linear", "apply_lora_full_linear", "token_classification_head"),
-                     id="linear-classic"),
+                     ("add_shrink", "add_expand", "add_lora_linear", "apply_lora_full_linear", "token_classification_head",
+                      *LINEAR_LAYERS), id="linear-classic"),
         pytest.param(("lora_shrink", "sgmv_expand_slice", "bgmv_expand_slice"),
-                     ("add_shrink", "add_expand", "add_lora_linear", "apply_lora_full_linear", "token_classification_head"),
-                     id="mixed-compositions"),
+                     ("add_shrink", "add_expand", "add_lora_linear", "apply_lora_full_linear", "token_classification_head",
+                      *LINEAR_LAYERS), id="mixed-compositions"),
         pytest.param(MOE, MOE_WRAPPERS, id="moe-aligned"),
         pytest.param(("fused_moe_lora",), MOE_WRAPPERS, id="moe-naive"),
         pytest.param(("moe_lora_align_block_size",), (), id="moe-alignment-only"),
@@ -265,6 +269,7 @@ def test_an_overridden_wrapper_method_counts_and_composes():
     target = _with_kernels(("lora_expand",), add_shrink=lambda self, *args, **kwargs: None)
     assert set(target.implemented_ops()) == {
         "lora_expand", "add_shrink", "add_expand", "add_lora_linear", "add_lora_embedding", "token_classification_head",
+        "scaled_embedding_lora", *LINEAR_LAYERS,  # the layer ops made of add_lora_linear and add_lora_embedding
     }
 
 
