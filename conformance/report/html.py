@@ -116,6 +116,7 @@ def render_html_report(document: dict) -> str:
         _missing(document),
         _failures(results, clusters, cluster_of(document)),
         _determinism(document, results),
+        _end_to_end(results),
         _bit_differences(results),
         target_output_section(document),
         _known_failures(gate, results),
@@ -414,6 +415,32 @@ def _determinism(document: dict, results: list[dict]) -> str:
         "<b>flaky</b>: the verdict did not repeat (it still fails the gate).</p>"
         "<table><tr><th>case</th><th>stability</th><th>outcome</th><th>calls</th><th>differing elements</th>"
         f"<th>largest difference</th></tr>{''.join(rows)}</table></section>"
+    )
+
+
+def _end_to_end(results: list[dict]) -> str:
+    """Per end-to-end case, the checks every such case adds (``engine_checks``: base-request invariance, graphs vs
+    eager): "checked", or why not (``conformance.e2e.referee``)."""
+    model = [r for r in results if r.get("level") == "model"]
+    if not model:
+        return ""
+    rows = []
+    for result in sorted(model, key=lambda r: r["id"]):
+        checks = result.get("engine_checks") or {}
+        cells = "".join(f"<td>{escaped(checks.get(name, 'not run'))}</td>" for name in ("base_request_invariance", "graphs_vs_eager"))
+        case = escaped(result["id"])
+        if result["outcome"] in REJECTED:  # a failure's row in the failures section has its message and repro
+            case = f'<a href="#case-{case}">{case}</a>'
+        rows.append(f'<tr data-e2e="{escaped(result["id"])}"><td><code>{case}</code></td>'
+                    f"<td>{badge(result['outcome'], result['outcome'])}</td>{cells}</tr>")
+    return (
+        f'<section id="end-to-end"><h2>End to end ({len(model)})</h2>'
+        "<p>Every end-to-end case also checks <b>base-request invariance</b> (requests without an adapter get what the "
+        "same engine with LoRA disabled gives them; a difference fails as <i>changed base requests</i>) and "
+        "<b>graphs vs eager</b> (the batch generated with captured graphs gives the eager run's and the reference's "
+        "tokens), or says why it could not.</p>"
+        "<table><tr><th>case</th><th>outcome</th><th>base-request invariance</th><th>graphs vs eager</th></tr>"
+        f"{''.join(rows)}</table></section>"
     )
 
 

@@ -257,3 +257,28 @@ def test_a_malformed_shard_is_a_usage_error_naming_the_option(tmp_path):
         assert completed.returncode == 4, (value, completed.stdout[-500:])  # pytest's usage-error status
         errors = [line for line in completed.stderr.splitlines() if line.startswith("ERROR")]
         assert errors and "--shard" in errors[0] and value in errors[0]
+
+
+def test_the_end_to_end_section_says_each_model_cases_engine_checks(tmp_path):
+    checked = {"base_request_invariance": "checked", "graphs_vs_eager": "not supported here: vLLM on the CPU captures no graphs"}
+    model = [
+        result("e2e-greedy-pass", "greedy_generation", "float32", "pass", level="model", engine_checks=checked),
+        result("e2e-greedy-fail", "greedy_generation", "bfloat16", "fail", level="model", kinds=["changed base requests"],
+               engine_checks={"base_request_invariance": "checked", "graphs_vs_eager": "checked"}),
+        result("e2e-moe-unsupported", "moe_greedy_generation", "float32", "not supported", level="model", engine_checks=None),
+    ]
+    path = write_html_report(document([*SYNTHETIC, *model]), tmp_path / "report.html")
+    html = path.read_text()
+    [section] = parse(path).text["#end-to-end"]
+    assert "End to end (3)" in section and "vLLM on the CPU captures no graphs" in section
+    assert section.count("not run") == 2  # the unsupported case ran neither check: said, not left blank
+    # the failure links to its row in the failures section; a passing case has no row there to link to
+    assert '<a href="#case-e2e-greedy-fail">' in html and 'id="case-e2e-greedy-fail"' in html
+    assert '<a href="#case-e2e-greedy-pass">' not in html
+    # op and wrapper cases are not listed there
+    assert "bgmv_shrink-bf16-a" not in section
+
+
+def test_a_run_without_end_to_end_cases_has_no_end_to_end_section(tmp_path):
+    html = write_html_report(document(SYNTHETIC), tmp_path / "report.html").read_text()
+    assert 'id="end-to-end"' not in html
