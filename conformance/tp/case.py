@@ -3,7 +3,7 @@
 A case is the *unsharded* problem (the full stacks, the full activations, the full output) plus how vLLM
 would split it across ``tp_size`` ranks (``layer`` and ``fully_sharded``); the values are drawn from
 ``seed`` (``conformance.tp.values``), so a case travels as this small record (JSON, the results, the
-replay of a failure by its test id) and every rank rebuilds the same tensors from it.
+replay of a failure by its test id); the referee draws its tensors from it and hands them to every rank.
 
 Every width that vLLM divides by the tensor-parallel size (the output slices of the column layers, the
 input features of the row layers, the rank of fully sharded column layers, the output of fully sharded

@@ -1,6 +1,7 @@
 """What crosses between the referee and a tensor-parallel rank for one case, as data (``conformance.wire``).
 
-The referee sends :func:`request` (the case's JSON and which kind of layer it is); each rank answers a
+The referee sends :func:`request` (the case's JSON, which kind of layer it is, and the unsharded tensors it
+drew from the case's seed: ranks draw nothing, since they run the target's code); each rank answers a
 :class:`RankAnswer`: rank 0 the gathered output, every rank the inputs its wrapper calls modified and
 those handed back with equal values and other bits. :func:`read_answer` is the referee's reading of an
 answer: built from the declared types alone, rank 0's output bounded by what the case can produce.
@@ -13,10 +14,12 @@ from dataclasses import dataclass
 import torch
 
 from conformance.verdict.bit_differences import BitDifferences
-from conformance.wire import Limits, WireError, from_data
+from conformance.wire import Limits, WireError, from_data, to_data
 
 from .case import TPCase
 from .moe_case import MoETPCase
+from .moe_layer import MoETensors
+from .values import LayerTensors
 
 REPLY_SLACK = 1 << 20
 
@@ -28,13 +31,16 @@ class RankAnswer:
     bit_level: tuple[BitDifferences, ...] = ()
 
 
-def request(case: TPCase | MoETPCase) -> dict:
-    return {"case": case.to_json(), "moe": isinstance(case, MoETPCase)}
+def request(case: TPCase | MoETPCase, tensors: LayerTensors | MoETensors) -> dict:
+    return {"case": case.to_json(), "moe": isinstance(case, MoETPCase), "tensors": to_data(tensors)}
 
 
-def case_from_request(data: dict) -> TPCase | MoETPCase:
-    """The rank's reading of :func:`request` (from its parent: trusted, still checked by the case's own from_json)."""
-    return (MoETPCase if data["moe"] else TPCase).from_json(data["case"])
+def read_request(data: dict) -> tuple[TPCase | MoETPCase, LayerTensors | MoETensors]:
+    """The rank's reading of :func:`request`: the case and its tensors (from its parent: trusted, still checked by
+    the case's own from_json and the tensors' declared types)."""
+    moe = data["moe"]
+    case = (MoETPCase if moe else TPCase).from_json(data["case"])
+    return case, from_data(MoETensors if moe else LayerTensors, data["tensors"], "the case's tensors")
 
 
 def answer_limits(case: TPCase | MoETPCase) -> Limits:

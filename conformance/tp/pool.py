@@ -126,11 +126,12 @@ class RankPool:
             raise WireError(f"rank {rank}'s first message is {message.tag[:40]!r}, not ready")
         return from_data(dict[str, dict[str, str]], message.body, "ready")["device"]
 
-    def run(self, case, timeout: float | None) -> list[RankAnswer]:
-        """Every rank's answer to ``case``, by rank; raises :class:`RankFailure` (and ends the pool) when a rank fails."""
+    def run(self, case, tensors, timeout: float | None) -> list[RankAnswer]:
+        """Every rank's answer to ``case`` on ``tensors`` (its unsharded tensors, drawn by the referee), by rank;
+        raises :class:`RankFailure` (and ends the pool) when a rank fails."""
         self.start()
         self._seq += 1
-        seq, sent, limits = self._seq, request(case), answer_limits(case)
+        seq, sent, limits = self._seq, request(case, tensors), answer_limits(case)
         self._in_collective = {}
         for member in self._ranks:
             try:

@@ -5,7 +5,7 @@ It loads the target by name (``conformance.targets.registry``) on the device its
 pool's ``torch.distributed`` process group with the backend the placement chose (the device type's own:
 gloo on the CPU, nccl on CUDA, hccl on Gaudi; gloo, through host copies, for ranks sharing a GPU), and
 then runs its shard of every case its parent (``conformance.tp.pool``) sends: ``update_metadata`` with
-the case's mapping, the layer's composition (``conformance.tp.composition``) with the target's wrapper
+the case's mapping, the layer's composition on the tensors the request carries (drawn by the referee) (``conformance.tp.composition``) with the target's wrapper
 methods (watched for writes into their inputs, ``conformance.tp.inputs``) and the process group's
 collectives. Each rank answers with the gathered output (rank 0; the others ``None``) and the inputs
 its calls modified; an exception is answered with its text and its whole traceback, formatted here
@@ -52,9 +52,9 @@ def main(argv: list[str]) -> int:
     from conformance.targets import load
 
     from .collectives import ProcessGroupCollectives
-    from .composition import run_rank, tensors_of
+    from .composition import run_rank
     from .inputs import ReadOnlyInputs
-    from .layer_wire import case_from_request
+    from .layer_wire import read_request
 
     rank, world_size = config["rank"], config["world_size"]
     try:
@@ -78,10 +78,10 @@ def main(argv: list[str]) -> int:
         call = from_data(Call, message.body)
         current[0] = call.seq
         try:
-            case = case_from_request(call.request)
+            case, tensors = read_request(call.request)
             target.update_metadata(case_mapping(case))
             watched = ReadOnlyInputs(target)
-            output = run_rank(case, tensors_of(case), watched, collectives, rank, target.device)
+            output = run_rank(case, tensors, watched, collectives, rank, target.device)
         except NotImplementedError as exc:
             channel.send(Tag.NOT_SUPPORTED, to_data(Reply(call.seq, call.case_id, message=describe_exception(exc))))
         except Exception as exc:  # noqa: BLE001 - any exception from the target is the broken outcome

@@ -24,7 +24,7 @@ from conformance.verdict.failure_kind import ordered
 from conformance.verdict.metrics import spread
 
 from .case import TPCase
-from .composition import required_methods
+from .composition import required_methods, tensors_of
 from .judgement import judge_output
 from .layer_wire import RankAnswer
 from .moe_case import MoETPCase
@@ -137,9 +137,10 @@ class TPExecutor:
                             failing_ranks=failure.ranks, traceback=failure.traceback, raised=failure.raised)
         self.pool_starts += starting
         calls = []  # each call's answers, by rank: the case runs `runs` times on the same pool
+        tensors = tensors_of(case)  # drawn here, the referee's process; every rank is handed them, and they judge
         try:
             for _ in range(self.runs):
-                calls.append(pool.run(case, self.case_timeout))
+                calls.append(pool.run(case, tensors, self.case_timeout))
         except RankFailure as failure:
             seconds = time.perf_counter() - started
             if failure.kind is None:
@@ -149,7 +150,7 @@ class TPExecutor:
                             kinds=(failure.kind,), failing_ranks=failure.ranks, stability="flaky" if calls else None,
                             traceback=failure.traceback, raised=failure.raised)
         seconds = time.perf_counter() - started
-        results = [self._judged(case, answers, features, seconds) for answers in calls]
+        results = [self._judged(case, tensors, answers, features, seconds) for answers in calls]
         result = next((r for r in results if r.outcome is not Outcome.PASS), results[0])
         result.determinism = spread([answers[0].output for answers in calls])
         if len({(r.outcome, r.kinds) for r in results}) > 1:
@@ -164,7 +165,7 @@ class TPExecutor:
         return result
 
     @staticmethod
-    def _judged(case: TPCase | MoETPCase, answers: list[RankAnswer], features, seconds: float) -> TPResult:
+    def _judged(case: TPCase | MoETPCase, tensors, answers: list[RankAnswer], features, seconds: float) -> TPResult:
         """One call of the case: rank 0's gathered output judged here, every rank's writes into its inputs named."""
         output = answers[0].output
         groups = 1 if isinstance(case, MoETPCase) else case.replica_groups
@@ -173,7 +174,7 @@ class TPExecutor:
                             f"gives {groups} output(s) of [tokens, width]", None, features, seconds, kinds=(FailureKind.WRONG_OUTPUT_TYPE,))
         modified = [(rank, text) for rank, answer in enumerate(answers) for text in answer.modified]
         input_bits = [(rank, entry) for rank, answer in enumerate(answers) for entry in answer.bit_level]
-        verdict, message, slots, ranks, kinds, zeroed = judge_output(case, output)
+        verdict, message, slots, ranks, kinds, zeroed = judge_output(case, output, tensors)
         measurement = verdict.measurement
         if measurement is not None and input_bits:  # inputs with equal values and other bits: recorded, not failed
             measurement = replace(measurement, bit_differences=measurement.bit_differences + tuple(e for _, e in input_bits))

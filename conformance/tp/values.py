@@ -1,8 +1,8 @@
 """The tensors of a tensor-parallel case (the unsharded layer), and each rank's shard of them.
 
-Every rank rebuilds the whole problem from the case's seed and cuts its own shard, as vLLM's
-``slice_lora_a`` / ``slice_lora_b`` cut the full adapter each rank loads: no tensor travels between
-processes but the case record and rank 0's gathered output. Magnitudes as for op cases
+The referee draws the whole problem from the case's seed (here, in its own process: a rank runs the
+target's code, which must not reach the drawing) and hands every rank the whole of it as data; each rank
+cuts its own shard, as vLLM's ``slice_lora_a`` / ``slice_lora_b`` cut the full adapter each rank loads. Magnitudes as for op cases
 (``conformance.cases.values``): activations ~ N(0, 1), LoRA-A scaled by 1/√H, LoRA-B by 1/√R, so every
 intermediate stays O(1) in float16. Stacks are 4-D ``[L, 1, rows, cols]``, the layout vLLM's layers
 keep; slots no token uses still hold non-zero weights, so a row reading the wrong slot shows.

@@ -127,12 +127,14 @@ def _tp_case():
 
 @linux_only
 def test_processes_ranks_started_are_killed_and_named_when_the_pool_closes_or_times_out(pid_file):
+    from conformance.tp.composition import tensors_of
     from conformance.tp.pool import RankFailure, RankPool
     from conformance.verdict import FailureKind
 
     pool = RankPool("grandchild_targets:StartsAGrandchild", 2)
     try:
-        pool.run(_tp_case(), 60)
+        case = _tp_case()
+        pool.run(case, tensors_of(case), 60)
         pids = recorded_pids(pid_file)
         assert len(pids) == 2 and all(is_running(pid) for pid in pids)  # one per rank
     finally:
@@ -144,7 +146,7 @@ def test_processes_ranks_started_are_killed_and_named_when_the_pool_closes_or_ti
     hanging = RankPool("grandchild_targets:StartsAGrandchildThenHangs", 2)
     try:
         with pytest.raises(RankFailure) as failure:
-            hanging.run(_tp_case(), 3)
+            hanging.run(case, tensors_of(case), 3)
         assert failure.value.kind is FailureKind.TIMED_OUT and not hanging.alive
     finally:
         hanging.close()

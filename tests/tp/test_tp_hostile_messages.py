@@ -14,6 +14,7 @@ import torch.distributed as dist
 from test_tp_pool import case_of
 
 from conformance.targets.reference import ReferenceTarget
+from conformance.tp.composition import tensors_of
 from conformance.tp.pool import RankFailure, RankPool
 from conformance.verdict import FailureKind
 
@@ -57,7 +58,8 @@ def test_a_rank_raising_a_hostile_message_is_a_raised_failure_in_safe_text(targe
     pool = RankPool(f"test_tp_hostile_messages:{target}", 2)
     try:
         with pytest.raises(RankFailure) as failure:
-            pool.run(case_of("column", False, 2), 60)
+            case = case_of("column", False, 2)
+            pool.run(case, tensors_of(case), 60)
         message = failure.value.message
         assert failure.value.kind is FailureKind.RAISED and failure.value.ranks == (1,), message
         assert "rank 1 of 2 raised while running this case" in message and words in message, message

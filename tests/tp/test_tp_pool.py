@@ -70,6 +70,14 @@ def test_the_reference_passes_at_tp_2_and_4(executor_of):
                                                  "device_backend": "gloo", "variable": None, "devices": [None] * case.tp_size}
 
 
+def test_ranks_are_handed_their_tensors_and_draw_nothing(executor_of):
+    """The values are drawn in the referee's process only: a rank whose drawing raises still runs every layer."""
+    executor = executor_of("tp_fault_targets:CannotDraw")
+    for case in (case_of("column", False, 2), case_of("row", True, 2), moe_case("moe_w13", 2, True), moe_case("moe_w2", 2, False)):
+        result = executor.run(case)
+        assert result.outcome is Outcome.PASS, (result.case_id, result.message)
+
+
 def test_repeated_calls_of_a_layer_are_compared_bit_for_bit(executor_of):
     result = executor_of("hpu-emulated", runs=2).run(case_of("qkv", True, 2))
     assert result.outcome is Outcome.PASS and result.stability == "deterministic", result.message

@@ -176,3 +176,24 @@ class ZeroesNoAdapterRows(ReferenceTarget):
     def add_lora_linear(self, y, *args, **kwargs):
         super().add_lora_linear(y, *args, **kwargs)
         y[self.mapping.token_slot_tensor().to(y.device) == -1] = 0
+
+
+class CannotDraw(ReferenceTarget):
+    """The reference, made in a rank that can no longer draw values: ``torch.Generator`` and the suite's drawing
+    functions (``conformance.tp.values.layer_tensors``, ``conformance.tp.moe_layer.moe_tensors`` and the names
+    ``conformance.tp.composition`` holds of them) raise. A rank must be handed its tensors by the referee: one
+    that drew them in the target's process would raise here."""
+
+    name = "cannot-draw"
+
+    def __init__(self):
+        super().__init__()
+        import torch
+
+        from conformance.tp import composition, moe_layer, values
+
+        def forbidden(*args, **kwargs):
+            raise RuntimeError("a tensor-parallel rank drew values in the target's process")
+
+        torch.Generator = forbidden
+        values.layer_tensors = moe_layer.moe_tensors = composition.layer_tensors = composition.moe_tensors = forbidden

@@ -300,11 +300,11 @@ def test_a_tensor_parallel_pass_says_which_rank_handed_back_an_input_with_other_
     tensors = layer_tensors(TP_CASE)
     composed = baseline_output(TP_CASE, tensors)
     entry = BitDifferences("add_expand: x", "input", 1, 0, (0,), (1,), (0,))
-    result = TPExecutor._judged(TP_CASE, [RankAnswer(composed), RankAnswer(None, (), (entry,))], frozenset(), 0.0)
+    result = TPExecutor._judged(TP_CASE, tensors, [RankAnswer(composed), RankAnswer(None, (), (entry,))], frozenset(), 0.0)
     assert result.outcome is Outcome.PASS, result.message
     assert result.message == ("rank 1: bit-level difference only: 1 zero(s) changed sign in the input 'add_expand: x' "
                               "(equal values; not a modified input)")
     assert result.to_json()["measurement"]["bit_differences"] == [entry.to_json()]
-    modified = TPExecutor._judged(TP_CASE, [RankAnswer(composed), RankAnswer(None, ("add_expand modified its input 'x'",))],
+    modified = TPExecutor._judged(TP_CASE, tensors, [RankAnswer(composed), RankAnswer(None, ("add_expand modified its input 'x'",))],
                                   frozenset(), 0.0)
     assert modified.outcome is Outcome.FAIL and modified.kinds == (FailureKind.MODIFIED_INPUT,), modified.message
