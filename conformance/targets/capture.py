@@ -15,8 +15,9 @@ what replays the step, or ``None`` when it runs every step eagerly. This module 
   graph freezes. It runs the step once under a dispatch mode that records every torch op with its
   arguments; the replay runs the recorded ops again. Tensors the step did not create (the persistent
   buffers, the weights, the metadata the target keeps) are read by reference, so a replay sees their
-  current contents; tensors the step created are made again by the replay; host-side values the step read
-  are the capture's. So a target that keeps its state where a graph can see it passes, and one that reads
+  current contents; tensors the step created are computed again by the replay into the very tensors the
+  capture made (a graph's memory keeps its addresses: what one graph made and the target kept, a later graph
+  or step reads, updated, as on a device); host-side values the step read are the capture's. So a target that keeps its state where a graph can see it passes, and one that reads
   a host value at capture, or writes new metadata into a new tensor, fails here as it would on a device;
 * :func:`cuda_graph_capture`: ``torch.cuda.CUDAGraph`` after a warm-up on a side stream, as vLLM does;
 * :func:`hpu_graph_capture`: Habana's ``HPUGraph`` (imported only on that path).
@@ -70,6 +71,7 @@ class _Recorder(TorchDispatchMode):
         self.made: dict[int, int] = {}  # id() of a tensor a recorded op returned -> its output index
         self.keep: list[torch.Tensor] = []  # what the ids above name stays alive, so no id is reused during the capture
         self.outputs = 0
+        self.captured: list[Any] = []  # every op's outputs at capture, by output index: where a replay writes
 
     def _refer(self, value):
         if isinstance(value, torch.Tensor) and id(value) in self.made:
@@ -87,6 +89,7 @@ class _Recorder(TorchDispatchMode):
             if isinstance(value, torch.Tensor) and id(value) not in self.made:
                 self.made[id(value)] = self.outputs
                 self.keep.append(value)
+            self.captured.append(value)
             self.outputs += 1
         self.ops.append((func, recorded_args, len(flat)))
         return result
@@ -95,8 +98,9 @@ class _Recorder(TorchDispatchMode):
 class EmulatedGraph:
     """The ops one step ran at capture, replayed on the tensors they named (see the module docstring)."""
 
-    def __init__(self, ops: list) -> None:
+    def __init__(self, ops: list, captured: list) -> None:
         self.ops = ops
+        self.captured = captured  # each output as the capture made it: the replay writes its values there
 
     def __call__(self) -> None:
         made: list[Any] = []
@@ -110,7 +114,17 @@ class EmulatedGraph:
             flat, _ = tree_flatten(result)
             if len(flat) != count:  # the same op on the same shapes: only a broken op changes its arity
                 raise RuntimeError(f"replaying {func}: {len(flat)} outputs where the capture had {count}")
-            made.extend(flat)
+            for value in flat:
+                kept = self.captured[len(made)]
+                if isinstance(value, torch.Tensor) and isinstance(kept, torch.Tensor) and not _same_memory(value, kept):
+                    kept.copy_(value)  # the capture's tensor, at its address, holds this replay's values
+                    value = kept
+                made.append(value)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same elements (an in-place op's result, or a view made again of the same tensor)."""
+    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype)
 
 
 def emulated_capture(step: Step) -> EmulatedGraph:
@@ -118,7 +132,7 @@ def emulated_capture(step: Step) -> EmulatedGraph:
     recorder = _Recorder()
     with recorder:
         step()
-    return EmulatedGraph(recorder.ops)
+    return EmulatedGraph(recorder.ops, recorder.captured)
 
 
 def cuda_graph_capture(step: Step) -> Step:

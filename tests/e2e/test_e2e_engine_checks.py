@@ -122,6 +122,18 @@ def test_graphs_captured_without_adapters_fail_when_they_serve_adapters():
     assert "with captured graphs: request " in result.message and "the same engine run eagerly" in result.message
 
 
+def test_hpu_emulated_graphs_serve_batches_after_the_one_they_were_captured_for():
+    """Its piecewise graphs share the slot masks one piece makes and the next reads (kept on the host side, as a
+    device graph keeps them at their addresses): a batch without adapters replays the graphs an adapter batch
+    captured, and the reverse, and gets the eager tokens."""
+    from conformance.targets import load
+
+    runner = E2ERunner(load("hpu-emulated"))
+    for batch in ("adapters-only", "base-only", "mixed"):
+        result = runner.run(case("greedy_generation", batch))
+        assert result.outcome is Outcome.PASS and result.engine_checks["graphs_vs_eager"] == CHECKED, (batch, result.message)
+
+
 def test_vllm_on_the_cpu_says_graphs_are_not_supported_here():
     pytest.importorskip("vllm")
     from conformance.e2e.vllm_engine import VllmEngine

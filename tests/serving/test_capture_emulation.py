@@ -56,3 +56,30 @@ def test_tensors_the_step_makes_are_made_again():
     x.copy_(torch.tensor([5.0, 0.0, 3.0, 1.0]))
     graph()
     assert y.tolist() == [10.0, 0.0, 6.0, 0.0]
+
+
+def test_a_tensor_one_graph_makes_and_the_target_keeps_is_read_updated_by_the_next_graph():
+    """Piecewise graphs, as vLLM captures a step: the first piece makes a mask the target memoizes, the second
+    reads it. A replay writes into the tensor the capture made (its address), as a device graph does, so the
+    second piece sees this step's mask, not the capture's."""
+    slots, memo = torch.tensor([0, 1, -1]), {}
+    x, y = torch.ones(3), torch.zeros(3)
+
+    def first_piece():
+        memo["mask"] = (slots >= 0).float()  # made inside the first graph, kept on the host side
+        y.add_(x * memo["mask"])
+
+    def second_piece():
+        y.add_(10 * memo["mask"])  # reads what the first graph made
+
+    first, second = emulated_capture(first_piece), emulated_capture(second_piece)
+    slots.fill_(-1)  # a batch without adapters
+    y.zero_()
+    first()
+    second()
+    assert y.tolist() == [0.0, 0.0, 0.0]
+    slots.copy_(torch.tensor([-1, 2, 0]))
+    y.zero_()
+    first()
+    second()
+    assert y.tolist() == [0.0, 11.0, 11.0]
