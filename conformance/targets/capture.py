@@ -17,8 +17,9 @@ what replays the step, or ``None`` when it runs every step eagerly. This module 
   buffers, the weights, the metadata the target keeps) are read by reference, so a replay sees their
   current contents; tensors the step created are computed again by the replay into the very tensors the
   capture made (a graph's memory keeps its addresses: what one graph made and the target kept, a later graph
-  or step reads, updated, as on a device); host-side values the step read are the capture's. So a target that keeps its state where a graph can see it passes, and one that reads
-  a host value at capture, or writes new metadata into a new tensor, fails here as it would on a device;
+  or step reads, updated, as on a device); host-side values the step read are the capture's. So a target
+  that keeps its state where a graph can see it passes, and one that reads a host value at capture, or
+  writes new metadata into a new tensor, fails here as it would on a device;
 * :func:`cuda_graph_capture`: ``torch.cuda.CUDAGraph`` after a warm-up on a side stream, as vLLM does;
 * :func:`hpu_graph_capture`: Habana's ``HPUGraph`` (imported only on that path).
 """
