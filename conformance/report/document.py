@@ -36,4 +36,6 @@ def results_document(
     if extra_reasons:
         gate = document["gate"]
         document["gate"] = {**gate, "passed": False, "reasons": [*gate["reasons"], *extra_reasons]}
-    return add_target_output(add_coverage(add_clusters(document)))
+    document = add_target_output(add_coverage(add_clusters(document)))
+    document["results"] = document.pop("results")  # results.json: the summaries first, the long list of records last
+    return document

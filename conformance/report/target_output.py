@@ -66,12 +66,8 @@ def summarize(document: dict) -> dict:
 
 
 def add_target_output(document: dict) -> dict:
-    """``document`` with its ``target_output`` summary (:func:`summarize`), before its results (the summaries
-    of results.json come first, the long list of records last)."""
-    summary = summarize(document)
-    results = document.pop("results", None) or []
-    document["target_output"] = summary
-    document["results"] = results
+    """``document`` with its ``target_output`` summary (:func:`summarize`)."""
+    document["target_output"] = summarize(document)
     return document
 
 

@@ -70,9 +70,9 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.ops: list[tuple[Any, Any, int]] = []  # (op, (args, kwargs) with made tensors as _Produced, outputs)
         self.made: dict[int, int] = {}  # id() of a tensor a recorded op returned -> its output index
-        self.keep: list[torch.Tensor] = []  # what the ids above name stays alive, so no id is reused during the capture
-        self.outputs = 0
-        self.captured: list[Any] = []  # every op's outputs at capture, by output index: where a replay writes
+        # every op's outputs at capture, by output index: where a replay writes; holding them also keeps every id
+        # above alive, so no id is reused during the capture
+        self.captured: list[Any] = []
 
     def _refer(self, value):
         if isinstance(value, torch.Tensor) and id(value) in self.made:
@@ -88,10 +88,8 @@ class _Recorder(TorchDispatchMode):
         flat, _ = tree_flatten(result)
         for value in flat:
             if isinstance(value, torch.Tensor) and id(value) not in self.made:
-                self.made[id(value)] = self.outputs
-                self.keep.append(value)
+                self.made[id(value)] = len(self.captured)  # its output index
             self.captured.append(value)
-            self.outputs += 1
         self.ops.append((func, recorded_args, len(flat)))
         return result
 

@@ -175,6 +175,11 @@ def _composition(target: Target, op: str) -> str | None:
     """The composition(s) a KernelTarget derives wrapper op ``op`` by; None when it does not derive it."""
     if not isinstance(target, KernelTarget) or OP_SPECS[op].level != Level.WRAPPER or not target.derived_from(op):
         return None
+    return _compositions(target, op)
+
+
+def _compositions(target: KernelTarget, op: str) -> str:
+    """``_paths`` as said: each composition once, in call order."""
     return ", ".join(dict.fromkeys(_paths(target, op)))
 
 
@@ -194,7 +199,7 @@ def _derivation(target: KernelTarget, op: str) -> str:
         return f"derived from kernels ({kernels}) by the {target.wrapper_path(op)} composition"
     own = [part for part in parts if target.overrides(part)]
     sources = ([f"kernels ({kernels})"] if kernels else []) + ([f"{', '.join(own)} (implemented)"] if own else [])
-    steps = [part if part in own else f"{part} ({', '.join(dict.fromkeys(_paths(target, part)))} composition)" for part in parts]
+    steps = [part if part in own else f"{part} ({_compositions(target, part)} composition)" for part in parts]
     return f"derived from {' and '.join(sources)} via {' then '.join(steps)}"
 
 

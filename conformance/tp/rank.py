@@ -5,7 +5,8 @@ It loads the target by name (``conformance.targets.registry``) on the device its
 pool's ``torch.distributed`` process group with the backend the placement chose (the device type's own:
 gloo on the CPU, nccl on CUDA, hccl on Gaudi; gloo, through host copies, for ranks sharing a GPU), and
 then runs its shard of every case its parent (``conformance.tp.pool``) sends: ``update_metadata`` with
-the case's mapping, the layer's composition on the tensors the request carries (drawn by the referee) (``conformance.tp.composition``) with the target's wrapper
+the case's mapping, the layer's composition (``conformance.tp.composition``), on the tensors the request
+carries (the referee drew them: a rank draws nothing), with the target's wrapper
 methods (watched for writes into their inputs, ``conformance.tp.inputs``) and the process group's
 collectives. Each rank answers with the gathered output (rank 0; the others ``None``) and the inputs
 its calls modified; an exception is answered with its text and its whole traceback, formatted here
