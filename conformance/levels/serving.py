@@ -2,7 +2,9 @@
 
 The values are drawn here, in the referee's process (``conformance.serving.values``); the target's worker
 drives a new instance of the target through the steps and calls each step's batch fresh
-(``conformance.serving.driver``); every step is judged here (``conformance.serving.judgement``). The
+(``conformance.serving.driver``); every step is judged here (``conformance.serving.judgement``). A
+tensor-parallel serving case runs on the target's rank processes instead, each rank serving its shard
+(``conformance.tp.serving_run``). The
 case's result is its first failing step's, with the worst measurement over its steps; a pass says how
 the target ran the steps (captured graphs, or eagerly where it captures nothing).
 """
@@ -13,14 +15,19 @@ import time
 
 from conformance.cases.features import case_features
 from conformance.digest import tensors_digest
+from conformance.errors import RunError
 from conformance.levels.context import LevelContext
 from conformance.record import CaseResult
 from conformance.serving.case import ServingCase
 from conformance.serving.driver import ServedRun
-from conformance.serving.judgement import describe_step, judge_steps
+from conformance.serving.judgement import describe_step, judge_steps, sequence_verdict
 from conformance.serving.scenarios import serving_cases
 from conformance.serving.values import request_values
 from conformance.targets.facts import TargetFacts
+from conformance.tp.serving_case import TPServingCase, is_tp_serving_json
+from conformance.tp.serving_cases import tp_serving_cases
+from conformance.tp.serving_run import serve_on_ranks, tp_serving_unsupported
+from conformance.tp.serving_values import named_tensors, request_tensors
 from conformance.verdict import FailureKind, Outcome
 from conformance.wire import Limits, WireError, from_data
 
@@ -74,30 +81,44 @@ class ServingKind(CaseKind):
     target_half = "conformance.serving.driver:serve"
 
     def owns(self, case) -> bool:
-        return isinstance(case, ServingCase)
+        return isinstance(case, (ServingCase, TPServingCase))
 
-    def features(self, case: ServingCase) -> frozenset[str]:
+    def features(self, case: ServingCase | TPServingCase) -> frozenset[str]:
         """The serving features (family, graph policy, step modes, padding) and every feature of every step's batch
-        as an op case: a serving case exercises what its batches exercise (a known failure of the op matches it)."""
+        as an op case (or a layer case, on ranks): a serving case exercises what its batches exercise (a known
+        failure of the op matches it)."""
+        if isinstance(case, TPServingCase):
+            return case.features()
         return case.features().union(*(case_features(case.step_case(index)) for index in range(len(case.steps))))
 
-    def cases(self, profile: str, seed: int) -> list[tuple[str, ServingCase]]:
-        return [(case.case_id, case) for case in serving_cases(profile, seed)]
+    def cases(self, profile: str, seed: int) -> list[tuple[str, ServingCase | TPServingCase]]:
+        """The one-process cases, then the tensor-parallel ones (by TP size: a rank pool starts once per size)."""
+        cases = serving_cases(profile, seed) + tp_serving_cases(profile, seed)
+        return [(case.case_id, case) for case in cases]
 
-    def case_from_json(self, data: dict) -> ServingCase:
-        return ServingCase.from_json(data)
+    def case_from_json(self, data: dict) -> ServingCase | TPServingCase:
+        return TPServingCase.from_json(data) if is_tp_serving_json(data) else ServingCase.from_json(data)
 
-    def inputs_digest(self, case: ServingCase) -> str:
+    def inputs_digest(self, case: ServingCase | TPServingCase) -> str:
+        if isinstance(case, TPServingCase):
+            return tensors_digest(named_tensors(*request_tensors(case)))
         return values_digest(*request_values(case))
 
-    def unsupported_reason(self, facts: TargetFacts, case: ServingCase) -> str | None:
+    def unsupported_reason(self, facts: TargetFacts, case: ServingCase | TPServingCase) -> str | None:
+        if isinstance(case, TPServingCase):
+            return tp_serving_unsupported(facts, case)
         if not facts.defines(case.op):
             return facts.why_not_implemented.get(case.op, f"{facts.name} does not implement {case.op}")
         if not facts.claims(case.dtype):
             return f"{facts.name} does not support {case.dtype}"
         return None
 
-    def run(self, context: LevelContext, case_id: str, case: ServingCase, values=None) -> CaseResult:
+    def run(self, context: LevelContext, case_id: str, case: ServingCase | TPServingCase, values=None) -> CaseResult:
+        if isinstance(case, TPServingCase):
+            try:
+                return serve_on_ranks(context.tp_executor, case, self.inputs_digest(case))
+            except ValueError as exc:  # --devices cannot give every rank a device: the run's options, not the target
+                raise RunError(str(exc)) from None
         initial, steps = request_values(case) if values is None else values
         request = {"case": case.to_json(), "initial": initial, "steps": steps}
         started = time.perf_counter()
@@ -121,20 +142,11 @@ class ServingKind(CaseKind):
             return ServingResult(case_id, case, Outcome.BROKEN, f"{where} raised: {run.message}", features=features,
                                  kinds=(FailureKind.RAISED,), traceback=run.traceback, raised=run.raised, inputs_digest=digest)
         judged = judge_steps(case, initial, steps, run)
-        measurements = [j.served.measurement for j in judged if j.served is not None and j.served.measurement is not None]
-        measurement = max(measurements, key=lambda m: m.budget_ratio) if measurements else None
-        failing = [j for j in judged if not j.passed]
-        if not failing:
-            return ServingResult(case_id, case, Outcome.PASS, f"{len(case.steps)} steps served: {run.graphs}", measurement,
-                                 features, inputs_digest=digest)
-        first = failing[0]
-        others = f" ({len(failing) - 1} later step(s) fail too)" if len(failing) > 1 else ""
-        served = first.served
-        return ServingResult(
-            case_id, case, Outcome.FAIL, f"{describe_step(case, first.index)}: {'; '.join(first.problems)}{others}; {run.graphs}",
-            measurement, features, failing_slots=served.failing_slots if served else (),
-            failing_slices=served.failing_slices if served else (), kinds=first.kinds, inputs_digest=digest,
-        )
+        outcome, message, measurement, first = sequence_verdict(case, judged, run.graphs)
+        served = first.served if first is not None else None
+        return ServingResult(case_id, case, outcome, message, measurement, features,
+                             failing_slots=served.failing_slots if served else (), failing_slices=served.failing_slices if served else (),
+                             kinds=first.kinds if first is not None else (), inputs_digest=digest)
 
 
 SERVING = ServingKind()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 from conformance.cases.case import SHORT_DTYPE, Case
 from conformance.query import case_id
@@ -63,37 +64,12 @@ class ServingStep:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
-@dataclass(frozen=True)
-class ServingCase:
-    family: str  # the scenario (conformance.serving.scenarios.SCENARIOS)
-    layer: Case  # the layer's shape and dtype as an op case (op, dtype, slots, max rank, sizes, scale, MoE routing size)
-    adapter_ranks: tuple[int, ...]  # the adapter pool: more adapters than slots, so steps load and evict
-    max_tokens: int  # max_num_batched_tokens: the persistent buffers' rows
-    graph_policy: str  # one of GRAPH_POLICIES
-    graphs: tuple[tuple[int, int], ...]  # the captured keys: (batch size, adapter count)
-    steps: tuple[ServingStep, ...]
-    seed: int
+class ServedSequence:
+    """What every serving case's record shares: a family, a layer (its own case type, ``layer_type``), an adapter pool,
+    capacities, a graph policy, the captured keys, the steps and a seed; written to and read from JSON alike."""
 
-    def __post_init__(self) -> None:
-        problems = []
-        if self.graph_policy not in GRAPH_POLICIES:
-            problems.append(f"graph_policy {self.graph_policy!r} is not one of {GRAPH_POLICIES}")
-        for index, step in enumerate(self.steps):
-            where = f"step {index}"
-            if step.mode not in MODES:
-                problems.append(f"{where}: mode {step.mode!r} is not one of {MODES}")
-            if len(step.resident) != self.layer.num_slots:
-                problems.append(f"{where}: {len(step.resident)} resident entries for {self.layer.num_slots} slots")
-            if any(adapter >= 0 and adapter not in step.resident for adapter in step.seq_adapters):
-                problems.append(f"{where}: a sequence's adapter is not resident")
-            if step.rows < step.num_tokens or step.rows > self.max_tokens:
-                problems.append(f"{where}: {step.rows} rows for {step.num_tokens} tokens (capacity {self.max_tokens})")
-            if (step.mode == "eager") != (step.graph < 0) or step.graph >= len(self.graphs):
-                problems.append(f"{where}: a {step.mode} step names graph {step.graph}")
-            elif step.graph >= 0 and self.graphs[step.graph][0] != step.rows:
-                problems.append(f"{where}: graph {step.graph} is of size {self.graphs[step.graph][0]}, the step has {step.rows} rows")
-        if problems:
-            raise ValueError("invalid serving case: " + "; ".join(problems))
+    layer_type: ClassVar[type]  # the layer's case type (its from_json reads the "layer" field)
+    what: ClassVar[str]  # how an error names the record
 
     @property
     def op(self) -> str:
@@ -102,6 +78,39 @@ class ServingCase:
     @property
     def dtype(self) -> str:
         return self.layer.dtype
+
+    def to_json(self) -> dict:
+        return {"family": self.family, "layer": self.layer.to_json(), "adapter_ranks": list(self.adapter_ranks),
+                "max_tokens": self.max_tokens, "graph_policy": self.graph_policy, "graphs": [list(g) for g in self.graphs],
+                "steps": [step.to_json() for step in self.steps], "seed": self.seed}
+
+    @classmethod
+    def from_json(cls, data: dict):
+        try:
+            return cls(data["family"], cls.layer_type.from_json(data["layer"]), tuple(data["adapter_ranks"]), data["max_tokens"],
+                       data["graph_policy"], tuple(tuple(g) for g in data["graphs"]),
+                       tuple(ServingStep.from_json(step) for step in data["steps"]), data["seed"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a {cls.what}: {type(exc).__name__}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ServingCase(ServedSequence):
+    family: str  # the scenario (conformance.serving.scenarios.SCENARIOS)
+    layer: Case  # the layer's shape and dtype as an op case (op, dtype, slots, max rank, sizes, scale, MoE routing size)
+    adapter_ranks: tuple[int, ...]  # the adapter pool: more adapters than slots, so steps load and evict
+    max_tokens: int  # max_num_batched_tokens: the persistent buffers' rows
+    graph_policy: str  # one of GRAPH_POLICIES
+    graphs: tuple[tuple[int, int], ...]  # the captured keys: (batch size, adapter count)
+    steps: tuple[ServingStep, ...]
+    seed: int
+    layer_type: ClassVar[type] = Case
+    what: ClassVar[str] = "serving case"
+
+    def __post_init__(self) -> None:
+        problems = sequence_problems(self.graph_policy, self.graphs, self.steps, self.layer.num_slots, self.max_tokens)
+        if problems:
+            raise ValueError("invalid serving case: " + "; ".join(problems))
 
     @property
     def case_id(self) -> str:
@@ -127,24 +136,38 @@ class ServingCase:
         return rolled[: self.steps[index].num_tokens]
 
     def features(self) -> frozenset[str]:
-        modes = {step.mode for step in self.steps}
-        found = {"serving", f"serving_{self.family}", f"graphs_{self.graph_policy}", *(f"step_{m}" for m in modes)}
-        if any(step.rows > step.num_tokens for step in self.steps):
-            found.add("padded_rows")
-        if len({step.is_prefill for step in self.steps}) > 1:
-            found.add("prefill_and_decode")
-        return frozenset(found)
+        return sequence_features(self.family, self.graph_policy, self.steps)
 
-    def to_json(self) -> dict:
-        return {"family": self.family, "layer": self.layer.to_json(), "adapter_ranks": list(self.adapter_ranks),
-                "max_tokens": self.max_tokens, "graph_policy": self.graph_policy, "graphs": [list(g) for g in self.graphs],
-                "steps": [step.to_json() for step in self.steps], "seed": self.seed}
 
-    @classmethod
-    def from_json(cls, data: dict) -> ServingCase:
-        try:
-            return cls(data["family"], Case.from_json(data["layer"]), tuple(data["adapter_ranks"]), data["max_tokens"],
-                       data["graph_policy"], tuple(tuple(g) for g in data["graphs"]),
-                       tuple(ServingStep.from_json(step) for step in data["steps"]), data["seed"])
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"not a serving case: {type(exc).__name__}: {exc}") from None
+def sequence_problems(graph_policy: str, graphs: tuple[tuple[int, int], ...], steps: tuple[ServingStep, ...], num_slots: int,
+                      max_tokens: int) -> list[str]:
+    """What is wrong with a sequence of steps served with ``num_slots`` slots and ``max_tokens`` rows (any layer's)."""
+    problems = []
+    if graph_policy not in GRAPH_POLICIES:
+        problems.append(f"graph_policy {graph_policy!r} is not one of {GRAPH_POLICIES}")
+    for index, step in enumerate(steps):
+        where = f"step {index}"
+        if step.mode not in MODES:
+            problems.append(f"{where}: mode {step.mode!r} is not one of {MODES}")
+        if len(step.resident) != num_slots:
+            problems.append(f"{where}: {len(step.resident)} resident entries for {num_slots} slots")
+        if any(adapter >= 0 and adapter not in step.resident for adapter in step.seq_adapters):
+            problems.append(f"{where}: a sequence's adapter is not resident")
+        if step.rows < step.num_tokens or step.rows > max_tokens:
+            problems.append(f"{where}: {step.rows} rows for {step.num_tokens} tokens (capacity {max_tokens})")
+        if (step.mode == "eager") != (step.graph < 0) or step.graph >= len(graphs):
+            problems.append(f"{where}: a {step.mode} step names graph {step.graph}")
+        elif step.graph >= 0 and graphs[step.graph][0] != step.rows:
+            problems.append(f"{where}: graph {step.graph} is of size {graphs[step.graph][0]}, the step has {step.rows} rows")
+    return problems
+
+
+def sequence_features(family: str, graph_policy: str, steps: tuple[ServingStep, ...]) -> frozenset[str]:
+    """The serving features of a sequence: its family, graph policy, step modes, padding, prefill beside decode."""
+    modes = {step.mode for step in steps}
+    found = {"serving", f"serving_{family}", f"graphs_{graph_policy}", *(f"step_{m}" for m in modes)}
+    if any(step.rows > step.num_tokens for step in steps):
+        found.add("padded_rows")
+    if len({step.is_prefill for step in steps}) > 1:
+        found.add("prefill_and_decode")
+    return frozenset(found)

@@ -24,7 +24,7 @@ import torch
 from conformance.ops import OP_SPECS
 from conformance.referee import Oracle, RunJudgement, judge_run, same_bits
 from conformance.target_call import handed_tensors
-from conformance.verdict import FailureKind
+from conformance.verdict import FailureKind, Outcome
 from conformance.verdict.failure_kind import ordered
 
 from .case import ServingCase
@@ -133,3 +133,17 @@ def judge_steps(case: ServingCase, initial: Tensors, steps: list[Tensors], run: 
         judged.append(judge_step(case, index, values, before, run.steps[index], run.fresh[index], run.rows[index]))
         state = {**before, output: run.steps[index][output]}
     return judged
+
+
+def sequence_verdict(case, judged: list[StepJudgement], graphs: str):
+    """``(outcome, message, measurement, first failing step or None)`` of a serving case from its steps' judgements:
+    its first failing step's problems, with the worst measurement over its steps; a pass says how the steps ran."""
+
+    measurements = [j.served.measurement for j in judged if j.served is not None and j.served.measurement is not None]
+    measurement = max(measurements, key=lambda m: m.budget_ratio) if measurements else None
+    failing = [j for j in judged if not j.passed]
+    if not failing:
+        return Outcome.PASS, f"{len(case.steps)} steps served: {graphs}", measurement, None
+    first = failing[0]
+    others = f" ({len(failing) - 1} later step(s) fail too)" if len(failing) > 1 else ""
+    return (Outcome.FAIL, f"{describe_step(case, first.index)}: {'; '.join(first.problems)}{others}; {graphs}", measurement, first)

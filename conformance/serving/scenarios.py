@@ -214,14 +214,22 @@ def serving_case(seed: int, index: int) -> ServingCase:
     sizes = (small, rng.choice((16, 32)))
     policy = "no_adapters" if family == "capture_without_adapters" else rng.choice(("per_count", "max_count", "no_adapters"))
     eager_only = op == "add_lora_logits"  # vLLM computes logits after the captured forward, unpadded
+    graphs, steps, pool = schedule(rng, family, num_slots, sizes, policy, max_tokens, eager_only)
+    ranks = tuple(rng.choice(sorted({1, 4, 5, max_rank // 2, max_rank})) for _ in range(pool))
+    layer = _layer(rng, op, rng.choice(DTYPES), num_slots, max_rank, max_tokens)
+    return ServingCase(family, layer, ranks, max_tokens, policy, graphs, steps, seed * 100_000 + index)
+
+
+def schedule(rng: random.Random, family: str, num_slots: int, sizes: tuple[int, ...], policy: str, max_tokens: int,
+             eager_only: bool = False) -> tuple[tuple[tuple[int, int], ...], tuple[ServingStep, ...], int]:
+    """``(graphs, steps, pool)`` of a ``family`` sequence: the captures of every graph key (unless ``eager_only``),
+    then the family's walk, over a pool of ``num_slots + 2`` adapters. Any layer's serving case draws its
+    sequence here (the tensor-parallel ones too: ``conformance.tp.serving_cases``)."""
     builder = _Builder(rng, num_slots, num_slots + 2, sizes, policy, max_tokens, eager_only)
     if not eager_only:
         builder.capture_all()
     _walk(family, builder)
-    ranks = tuple(rng.choice(sorted({1, 4, 5, max_rank // 2, max_rank})) for _ in range(builder.pool))
-    layer = _layer(rng, op, rng.choice(DTYPES), num_slots, max_rank, max_tokens)
-    return ServingCase(family, layer, ranks, max_tokens, policy, tuple(builder.graphs), tuple(builder.steps),
-                       seed * 100_000 + index)
+    return tuple(builder.graphs), tuple(builder.steps), builder.pool
 
 
 def serving_cases(profile: str, seed: int) -> list[ServingCase]:

@@ -35,7 +35,7 @@ SCALES = (1.0, *adapter_scales.SCALES)
 """1 and the scales of real adapter configs, most of them inexact in 16 bits (``conformance.cases.scales``)."""
 
 
-def _widths(layer: str, rng: random.Random) -> tuple[int, ...]:
+def slice_widths(layer: str, rng: random.Random) -> tuple[int, ...]:
     if layer == "qkv_indexer":  # q, k, v, index_q, index_k, index_z, gate: seven unequal slices
         kv, index_kv = rng.choice((8, 16)), rng.choice((4, 8))
         return (rng.choice((2, 4)) * kv, kv, kv, rng.choice((16, 32)), index_kv, index_kv, rng.choice((4, 8)))
@@ -72,7 +72,7 @@ def draw_case(layer: str, fully_sharded: bool, tp_size: int, dtype: str, family:
     return TPCase(
         layer=layer, fully_sharded=fully_sharded, tp_size=tp_size, dtype=dtype, seq_lens=seq_lens, seq_slots=seq_slots,
         num_slots=num_slots, max_rank=rng.choice(RANKS), hidden_size=rng.choice(HIDDEN_SIZES),
-        output_slices=_widths(layer, rng), scale=rng.choice(SCALES), is_prefill=is_prefill,
+        output_slices=slice_widths(layer, rng), scale=rng.choice(SCALES), is_prefill=is_prefill,
         seed=rng.randrange(2**31), family=family, kv_replicas=kv_replicas, index_kv_replicas=index_kv_replicas,
     )
 

@@ -21,7 +21,7 @@ import torch
 from .case import TPCase
 from .moe_case import MOE_WRAPPER_METHODS, MoETPCase
 from .moe_layer import moe_composition, moe_tensors
-from .values import LayerTensors, column_shard, input_columns, layer_tensors, lora_a_rank_rows, lora_b_rows, place_column_shards
+from .values import LayerTensors, layer_tensors, place_column_shards, rank_shard
 
 REQUIRED_WRAPPER_METHODS = ("add_shrink", "add_expand", "add_lora_linear")
 """What vLLM's linear LoRA layers call on each rank; an MoE layer calls ``MOE_WRAPPER_METHODS`` instead."""
@@ -38,12 +38,12 @@ def tensors_of(case):
     return moe_tensors(case) if isinstance(case, MoETPCase) else layer_tensors(case)
 
 
-def _buffer_dtype(x: torch.Tensor) -> torch.dtype:
+def buffer_dtype(x: torch.Tensor) -> torch.dtype:
     """vLLM's shrink buffers are float32; float64 when the whole layer is (the suite's exact check of a composition)."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _local_slices(case: TPCase) -> tuple[int, ...]:
+def local_slices(case: TPCase) -> tuple[int, ...]:
     return tuple(width // shards for width, shards in zip(case.output_slices, case.slice_shards))
 
 
@@ -62,9 +62,9 @@ def column_parallel(case: TPCase, t: LayerTensors, wrapper, collectives, rank: i
     / ``Step5FusedQKVIndexerWithLoRA`` (vLLM 0.33, seven slices):
     LoRA-A whole on every rank, LoRA-B cut to the rank's output columns of each slice; one
     ``add_lora_linear`` on the rank's columns; the outputs all-gathered."""
-    y = column_shard(t.y, case, rank)
-    wrapper.add_lora_linear(y, t.x, t.lora_a, lora_b_rows(t.lora_b, case, rank), case.scale, _local_slices(case))
-    return _gathered_columns(case, y, collectives, t.y)
+    own = rank_shard(case, t, rank)
+    wrapper.add_lora_linear(own.y, own.x, own.lora_a, own.lora_b, case.scale, local_slices(case))
+    return _gathered_columns(case, own.y, collectives, t.y)
 
 
 def column_parallel_fully_sharded(case: TPCase, t: LayerTensors, wrapper, collectives, rank: int) -> torch.Tensor:
@@ -72,29 +72,20 @@ def column_parallel_fully_sharded(case: TPCase, t: LayerTensors, wrapper, collec
     LoRA-A cut to the rank's R / tp rows; ``add_shrink`` into a float32 ``[S, T, R / tp]`` buffer; the
     buffers all-gathered along the rank dimension (``[S, T, R]``, the whole shrink); ``add_expand`` of
     the rank's LoRA-B columns at ``offset_start`` 0 of its own output; the outputs all-gathered."""
-    y = column_shard(t.y, case, rank)
-    buffer = torch.zeros((case.num_slices, case.num_tokens, case.max_rank // case.tp_size), dtype=_buffer_dtype(t.x), device=y.device)
-    wrapper.add_shrink(buffer, t.x, lora_a_rank_rows(t.lora_a, case, rank), case.scale)
+    own = rank_shard(case, t, rank)
+    buffer = torch.zeros((case.num_slices, case.num_tokens, case.max_rank // case.tp_size), dtype=buffer_dtype(t.x), device=own.y.device)
+    wrapper.add_shrink(buffer, own.x, own.lora_a, case.scale)
     buffer = collectives.all_gather(buffer, dim=-1)
-    wrapper.add_expand(y, buffer, lora_b_rows(t.lora_b, case, rank), _local_slices(case), 0, True)
-    return _gathered_columns(case, y, collectives, t.y)
-
-
-def _row_inputs(case: TPCase, t: LayerTensors, rank: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
-    """The rank's input features of ``x`` and LoRA-A (vLLM's ``slice_lora_a`` of a row layer), and its base partial sum."""
-    cols = input_columns(case, rank)
-    x = t.x[:, cols].contiguous()
-    lora_a = tuple(a[..., cols].contiguous() for a in t.lora_a)
-    y = t.y.clone() if rank == 0 else torch.zeros_like(t.y)
-    return x, lora_a, y
+    wrapper.add_expand(own.y, buffer, own.lora_b, local_slices(case), 0, True)
+    return _gathered_columns(case, own.y, collectives, t.y)
 
 
 def row_parallel(case: TPCase, t: LayerTensors, wrapper, collectives, rank: int) -> torch.Tensor:
     """``RowParallelLinearWithLoRA``: x and LoRA-A cut along the input features, LoRA-B whole; each rank's
     ``add_lora_linear`` adds a partial delta to its partial output; the outputs all-reduced."""
-    x, lora_a, y = _row_inputs(case, t, rank)
-    wrapper.add_lora_linear(y, x, lora_a, t.lora_b, case.scale, case.output_slices)
-    return collectives.all_reduce(y)[None]
+    own = rank_shard(case, t, rank)
+    wrapper.add_lora_linear(own.y, own.x, own.lora_a, own.lora_b, case.scale, case.output_slices)
+    return collectives.all_reduce(own.y)[None]
 
 
 def row_parallel_fully_sharded(case: TPCase, t: LayerTensors, wrapper, collectives, rank: int) -> torch.Tensor:
@@ -102,13 +93,13 @@ def row_parallel_fully_sharded(case: TPCase, t: LayerTensors, wrapper, collectiv
     ``[1, T, R]`` buffer; the buffers all-reduced (the whole shrink); ``add_expand`` of the rank's
     N / tp LoRA-B rows at ``offset_start = rank · N / tp`` of the (full-width, partial) output; the
     outputs all-reduced."""
-    x, lora_a, y = _row_inputs(case, t, rank)
-    buffer = torch.zeros((1, case.num_tokens, case.max_rank), dtype=_buffer_dtype(x), device=y.device)
-    wrapper.add_shrink(buffer, x, lora_a, case.scale)
+    own = rank_shard(case, t, rank)
+    buffer = torch.zeros((1, case.num_tokens, case.max_rank), dtype=buffer_dtype(own.x), device=own.y.device)
+    wrapper.add_shrink(buffer, own.x, own.lora_a, case.scale)
     buffer = collectives.all_reduce(buffer)
     shard = case.output_slices[0] // case.tp_size
-    wrapper.add_expand(y, buffer, lora_b_rows(t.lora_b, case, rank), (shard,), rank * shard, True)
-    return collectives.all_reduce(y)[None]
+    wrapper.add_expand(own.y, buffer, own.lora_b, (shard,), rank * shard, True)
+    return collectives.all_reduce(own.y)[None]
 
 
 def composition(case: TPCase | MoETPCase):

@@ -19,6 +19,7 @@ from conformance.wire import Limits, WireError, from_data, to_data
 from .case import TPCase
 from .moe_case import MoETPCase
 from .moe_layer import MoETensors
+from .serving_case import TPServingCase
 from .values import LayerTensors
 
 REPLY_SLACK = 1 << 20
@@ -58,3 +59,54 @@ def read_answer(data, rank: int) -> RankAnswer:
     if (answer.output is None) != (rank != 0):
         raise WireError(f"rank {rank}'s answer {'lacks' if rank == 0 else 'holds'} the gathered output (rank 0, and only rank 0, sends it)")
     return answer
+
+
+# -- serving: one request runs a whole sequence of steps on every rank (conformance.tp.serving_rank) ---------------
+
+
+@dataclass(frozen=True)
+class RankServed:
+    """One rank's answer to a serving case: after every step, its persistent shard buffers (``x``, ``y``,
+    ``lora_a.<slice>``, ``lora_b.<slice>``); rank 0 also each step's gathered real rows, served (``outputs``) and
+    the same batch called fresh (``fresh``), ``[replica_groups, T, Σ N_s]``; the rows its layer got per step;
+    how it ran them (``graphs``, in words)."""
+
+    states: list[dict[str, torch.Tensor]]
+    outputs: list[torch.Tensor]
+    fresh: list[torch.Tensor]
+    rows: list[int]
+    graphs: str
+
+
+def serving_request(case: TPServingCase, initial: LayerTensors, steps: list[LayerTensors]) -> dict:
+    return {"serving": True, "case": case.to_json(), "initial": to_data(initial), "steps": to_data(steps)}
+
+
+def read_serving_request(data: dict) -> tuple[TPServingCase, LayerTensors, list[LayerTensors]]:
+    """The rank's reading of :func:`serving_request` (from its parent: trusted, still typed)."""
+    return (TPServingCase.from_json(data["case"]), from_data(LayerTensors, data["initial"], "the initial buffers"),
+            from_data(list[LayerTensors], data["steps"], "the steps' tensors"))
+
+
+def serving_limits(case: TPServingCase, initial: LayerTensors) -> Limits:
+    """What one rank's answer may carry: its whole state after every step and rank 0's two outputs per step,
+    each at most the unsharded size in float64, twice over."""
+    state = sum(t.numel() for t in (initial.x, initial.y, *initial.lora_a, *initial.lora_b))
+    outputs = 2 * case.layer.replica_groups * case.max_tokens * case.layer.output_width
+    steps = len(case.steps)
+    return Limits(tensor_bytes=2 * 8 * steps * (state + outputs) + REPLY_SLACK, tensors=steps * (4 + 2 * len(initial.lora_a)))
+
+
+def read_served(data, rank: int, case: TPServingCase) -> RankServed:
+    """``WireError`` naming what is wrong with a rank's serving answer, else the answer."""
+    served = from_data(RankServed, data, f"rank {rank}'s serving answer")
+    steps = len(case.steps)
+    outputs = steps if rank == 0 else 0
+    if len(served.states) != steps or len(served.rows) != steps or len(served.outputs) != outputs or len(served.fresh) != outputs:
+        raise WireError(f"rank {rank}'s serving answer holds {len(served.states)} state(s), {len(served.rows)} row count(s), "
+                        f"{len(served.outputs)} served and {len(served.fresh)} fresh output(s); a case of {steps} step(s) "
+                        f"gets {steps}, {steps}, {outputs} and {outputs} (outputs from rank 0 only)")
+    for step, rows in zip(case.steps, served.rows):
+        if rows not in (step.rows, step.num_tokens):
+            raise WireError(f"rank {rank} says a step of {step.num_tokens} token(s) padded to {step.rows} ran on {rows} rows")
+    return served

@@ -129,13 +129,18 @@ class RankPool:
     def run(self, case, tensors, timeout: float | None) -> list[RankAnswer]:
         """Every rank's answer to ``case`` on ``tensors`` (its unsharded tensors, drawn by the referee), by rank;
         raises :class:`RankFailure` (and ends the pool) when a rank fails."""
+        return self.call(case.case_id, request(case, tensors), answer_limits(case), read_answer, timeout)
+
+    def call(self, case_id: str, sent: dict, limits: Limits, read, timeout: float | None) -> list:
+        """Every rank's answer to the request ``sent`` for case ``case_id``, each read within ``limits`` and taken by
+        ``read(data, rank)`` (``WireError`` for what it refuses), by rank; :class:`RankFailure` as for :meth:`run`."""
         self.start()
         self._seq += 1
-        seq, sent, limits = self._seq, request(case, tensors), answer_limits(case)
+        seq = self._seq
         self._in_collective = {}
         for member in self._ranks:
             try:
-                member.send(Tag.CALL, {"seq": seq, "level": "layer", "half": "conformance.tp.rank", "case_id": case.case_id, "request": sent})
+                member.send(Tag.CALL, {"seq": seq, "level": "layer", "half": "conformance.tp.rank", "case_id": case_id, "request": sent})
             except (OSError, TimeoutError):
                 pass  # it died (or stopped reading) between cases: _collect reports it
 
@@ -143,10 +148,10 @@ class RankPool:
             if message.tag != Tag.OK:
                 raise WireError(f"the tag {message.tag[:40]!r} answers no call")
             reply = from_data(Reply, message.body, f"rank {rank}'s reply")
-            if (reply.seq, reply.case_id) != (seq, case.case_id):
+            if (reply.seq, reply.case_id) != (seq, case_id):
                 raise WireError(f"rank {rank} answers call {reply.seq} for case {reply.case_id[:200]!r}, not call {seq} "
-                                f"for this case ({case.case_id!r})")
-            return read_answer(reply.reply, rank)
+                                f"for this case ({case_id!r})")
+            return read(reply.reply, rank)
 
         return self._collect(timeout, "running this case", "--case-timeout", seq, lambda rank: limits, answer)
 

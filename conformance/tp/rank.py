@@ -8,7 +8,8 @@ then runs its shard of every case its parent (``conformance.tp.pool``) sends: ``
 the case's mapping, the layer's composition (``conformance.tp.composition``), on the tensors the request
 carries (the referee drew them: a rank draws nothing), with the target's wrapper
 methods (watched for writes into their inputs, ``conformance.tp.inputs``) and the process group's
-collectives. Each rank answers with the gathered output (rank 0; the others ``None``) and the inputs
+collectives (a serving request runs a whole sequence of steps on a new instance of the target instead:
+``conformance.tp.serving_rank``). Each rank answers with the gathered output (rank 0; the others ``None``) and the inputs
 its calls modified; an exception is answered with its text and its whole traceback, formatted here
 (the parent decides the outcome). Like the op worker (``conformance.isolation.child``) it first calls
 ``conformance.isolation.worker.prepare_child``: it dies with its parent and dumps its Python stacks into
@@ -56,6 +57,7 @@ def main(argv: list[str]) -> int:
     from .composition import run_rank
     from .inputs import ReadOnlyInputs
     from .layer_wire import read_request
+    from .serving_rank import serve_rank
 
     rank, world_size = config["rank"], config["world_size"]
     try:
@@ -79,17 +81,20 @@ def main(argv: list[str]) -> int:
         call = from_data(Call, message.body)
         current[0] = call.seq
         try:
-            case, tensors = read_request(call.request)
-            target.update_metadata(case_mapping(case))
-            watched = ReadOnlyInputs(target)
-            output = run_rank(case, tensors, watched, collectives, rank, target.device)
+            if call.request.get("serving"):  # a whole serving sequence on a new instance (conformance.tp.serving_rank)
+                answer = to_data(serve_rank(call.request, config["target"], target, collectives, rank))
+            else:
+                case, tensors = read_request(call.request)
+                target.update_metadata(case_mapping(case))
+                watched = ReadOnlyInputs(target)
+                output = run_rank(case, tensors, watched, collectives, rank, target.device)
+                answer = {"output": output if rank == 0 else None, "modified": watched.modified,
+                          "bit_level": [entry.to_json() for entry in watched.bit_level]}
         except NotImplementedError as exc:
             channel.send(Tag.NOT_SUPPORTED, to_data(Reply(call.seq, call.case_id, message=describe_exception(exc))))
         except Exception as exc:  # noqa: BLE001 - any exception from the target is the broken outcome
             channel.send(Tag.RAISE, to_data(Reply(call.seq, call.case_id, error=RemoteError.of(exc))))
         else:
-            answer = {"output": output if rank == 0 else None, "modified": watched.modified,
-                      "bit_level": [entry.to_json() for entry in watched.bit_level]}
             channel.send(Tag.OK, {**to_data(Reply(call.seq, call.case_id)), "reply": answer})
     dist.destroy_process_group()
     return 0

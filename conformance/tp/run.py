@@ -119,13 +119,13 @@ class TPExecutor:
             result.message = f"{result.message} ({placement.label})" if result.message else placement.label
         return result
 
-    def _run_on_ranks(self, case: TPCase | MoETPCase, placement: Placement) -> TPResult:
-        features = case.features()
+    def started_pool(self, case, placement: Placement, result_type: type[TPResult] = TPResult) -> RankPool | TPResult:
+        """The pool of ``case``'s TP size on ``placement``, started; or, where it cannot start, the broken result that
+        says why (said again, not retried, for every later case of that size)."""
         if case.tp_size in self._start_errors:
             failure = self._start_errors[case.tp_size]
-            return TPResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features, kinds=(failure.kind,),
-                            traceback=failure.traceback, raised=failure.raised)
-        started = time.perf_counter()
+            return result_type(case.case_id, case, Outcome.BROKEN, failure.message, features=case.features(), kinds=(failure.kind,),
+                               traceback=failure.traceback, raised=failure.raised)
         pool = self._pool_for(case.tp_size, placement)
         starting = not pool.alive
         try:
@@ -133,9 +133,17 @@ class TPExecutor:
         except RankFailure as failure:
             failure.message = f"the tensor-parallel pool could not start: {failure.message}"
             self._start_errors[case.tp_size] = failure
-            return TPResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features, kinds=(failure.kind,),
-                            failing_ranks=failure.ranks, traceback=failure.traceback, raised=failure.raised)
+            return result_type(case.case_id, case, Outcome.BROKEN, failure.message, features=case.features(), kinds=(failure.kind,),
+                               failing_ranks=failure.ranks, traceback=failure.traceback, raised=failure.raised)
         self.pool_starts += starting
+        return pool
+
+    def _run_on_ranks(self, case: TPCase | MoETPCase, placement: Placement) -> TPResult:
+        features = case.features()
+        started = time.perf_counter()
+        pool = self.started_pool(case, placement)
+        if isinstance(pool, TPResult):
+            return pool
         calls = []  # each call's answers, by rank: the case runs `runs` times on the same pool
         tensors = tensors_of(case)  # drawn here, the referee's process; every rank is handed them, and they judge
         try:

@@ -155,3 +155,17 @@ def column_ranges(columns, limit: int) -> str:
             runs.append([c, c])
     shown = [f"{a}" if a == b else f"{a}–{b}" for a, b in runs[:limit]]
     return ", ".join(shown) + (", …" if len(runs) > limit else "")
+
+
+def rank_shard(case: TPCase, t: LayerTensors, rank: int) -> LayerTensors:
+    """What ``rank`` holds of the unsharded layer ``t``, as vLLM's layers cut it: column layers keep ``x`` whole,
+    LoRA-A whole (its R / tp rows when fully sharded), their slices' LoRA-B rows and output columns; row layers
+    keep their input features of ``x`` and LoRA-A, LoRA-B whole (its N / tp rows when fully sharded) and the
+    base output's partial sum (all of it on rank 0, zeros elsewhere)."""
+    if case.layer == "row":
+        cols = input_columns(case, rank)
+        lora_b = lora_b_rows(t.lora_b, case, rank) if case.fully_sharded else t.lora_b
+        y = t.y.clone() if rank == 0 else torch.zeros_like(t.y)
+        return LayerTensors(t.x[:, cols].contiguous(), tuple(a[..., cols].contiguous() for a in t.lora_a), lora_b, y)
+    lora_a = lora_a_rank_rows(t.lora_a, case, rank) if case.fully_sharded else t.lora_a
+    return LayerTensors(t.x, lora_a, lora_b_rows(t.lora_b, case, rank), column_shard(t.y, case, rank))

@@ -20,15 +20,16 @@ def run_serving(target: str, report_dir: Path) -> dict:
         run.close()
 
 
-@pytest.mark.integration  # starts the target's worker, 120 cases
+@pytest.mark.integration  # starts the target's worker and its rank pools, 120 + 16 cases
 def test_hpu_emulated_serves_every_smoke_serving_case(tmp_path):
     document = run_serving("hpu-emulated", tmp_path)
     results = document["results"]
-    assert len(results) == 120 and {r["level"] for r in results} == {"serving"}
+    assert len(results) == 136 and {r["level"] for r in results} == {"serving"}
+    assert sum(r["op"].startswith("tp_") and "placement" in r for r in results) == 16
     assert all(r["outcome"] == "pass" for r in results), [r["message"] for r in results if r["outcome"] != "pass"][:3]
     assert document["gate"]["passed"], document["gate"]
     captured = [r for r in results if "step_capture" in r["features"]]
-    assert captured and all("graph(s) captured with" in r["message"] for r in captured)
+    assert captured and all("graph(s) captured with" in r["message"] or "piece(s) captured with" in r["message"] for r in captured)
 
 
 @pytest.mark.integration  # starts the target's worker

@@ -13,7 +13,7 @@ import torch
 
 from conformance.ops import case_mapping
 from conformance.reference.punica_wrapper import PunicaWrapperReference
-from conformance.tp import composition
+from conformance.tp import composition, values
 from conformance.tp.case import FULLY_SHARDED_LAYERS, TPCase
 from conformance.tp.collectives import run_in_threads
 from conformance.tp.judgement import baseline_output, judge_output, oracle_output
@@ -79,7 +79,7 @@ def test_a_replicated_indexer_head_taken_by_rank_modulo_shards_fails_naming_the_
         return tuple(stack[:, :, (rank % shards) * (width // shards) : (rank % shards + 1) * (width // shards), :].contiguous()
                      for stack, width, shards in zip(stacks, case.output_slices, case.slice_shards))
 
-    monkeypatch.setattr(composition, "lora_b_rows", modulo_rows)
+    monkeypatch.setattr(values, "lora_b_rows", modulo_rows)  # what rank_shard cuts each rank's LoRA-B with
     assert lora_b_rows is not modulo_rows
     verdict, message, slots, ranks, _, _ = judge_output(case, _composed_with(case, lambda inner: inner))
     assert not verdict.passed and ranks == (1, 2), message

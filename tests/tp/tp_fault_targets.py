@@ -1,6 +1,6 @@
 """Targets that get tensor-parallel LoRA wrong, each in one way, for tests/tp (loaded by name in each rank).
 
-Each is the golden reference with one method changed; the rank a target runs on is the process
+Each is the golden reference (the serving ones: hpu-emulated, which captures) with one method changed; the rank a target runs on is the process
 group's rank (``torch.distributed.get_rank()``), so a fault can hit one rank only, as a device
 fault on one card would.
 """
@@ -12,6 +12,7 @@ import time
 
 import torch.distributed as dist
 
+from conformance.targets.hpu.targets import HpuEmulatedTarget
 from conformance.targets.reference import ReferenceTarget
 
 
@@ -197,3 +198,46 @@ class CannotDraw(ReferenceTarget):
 
         torch.Generator = forbidden
         values.layer_tensors = moe_layer.moe_tensors = composition.layer_tensors = composition.moe_tensors = forbidden
+
+
+# -- serving: graph-safe on one rank, wrong between steps on another (tests/tp/test_tp_serving.py) ---------------
+
+
+class Rank1ForgetsItServes(HpuEmulatedTarget):
+    """Served, rank 1 drops the persistent slot vectors ``start_serving`` made, so each ``update_metadata`` writes
+    its batch into new tensors: a graph captured on rank 1 replays the mapping of the batch it was captured
+    with (the other ranks, and the same batch called fresh, are right)."""
+
+    name = "rank1-forgets-it-serves"
+
+    def start_serving(self, capacity) -> None:
+        super().start_serving(capacity)
+        if dist.get_rank() == 1:
+            self.serving = {}
+
+
+class Rank1ClearsItsLastActivationRow(HpuEmulatedTarget):
+    """On rank 1, ``add_lora_linear`` zeroes the last row of the activations it was handed after using them (a
+    kernel that uses its input as scratch): the output is right, a persistent input is not."""
+
+    name = "rank1-clears-its-last-activation-row"
+
+    def add_lora_linear(self, y, x, *args, **kwargs):
+        super().add_lora_linear(y, x, *args, **kwargs)
+        if dist.get_rank() == 1:
+            x[-1:].zero_()
+
+
+class Rank1WritesOneRowPast(HpuEmulatedTarget):
+    """On rank 1, ``add_lora_linear`` also writes the output row just past the rows it was handed, where the storage
+    has one (a grid one block too long): a buffer of exactly the batch's rows shows nothing, a persistent one does."""
+
+    name = "rank1-writes-one-row-past"
+
+    def add_lora_linear(self, y, *args, **kwargs):
+        super().add_lora_linear(y, *args, **kwargs)
+        if dist.get_rank() != 1 or y.dim() != 2:
+            return
+        offset = y.storage_offset() + y.size(0) * y.stride(0)
+        if (offset + y.size(1)) * y.element_size() <= y.untyped_storage().nbytes():
+            y.as_strided((1, y.size(1)), y.stride(), offset).fill_(7.0)
