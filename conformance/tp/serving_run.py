@@ -41,6 +41,12 @@ def tp_serving_unsupported(facts: TargetFacts, case: TPServingCase) -> str | Non
     return unsupported_reason(facts, case.step_case(0))
 
 
+def serving_timeout(case_timeout: float | None, case: TPServingCase) -> float | None:
+    """How long a serving case may run on its ranks: a layer case's timeout per four steps (a step captures or
+    replays up to two pieces on every rank, and calls its batch fresh once), at least one."""
+    return None if case_timeout is None else case_timeout * max(1, len(case.steps) // 4)
+
+
 def serve_on_ranks(executor: TPExecutor, case: TPServingCase, digest: str | None = None) -> TPServingResult:
     """The judged result of ``case`` on ``executor``'s ranks; ``ValueError`` where its ranks cannot be placed."""
     features = case.features()
@@ -56,7 +62,7 @@ def serve_on_ranks(executor: TPExecutor, case: TPServingCase, digest: str | None
     initial, steps = request_tensors(case)
     try:
         answers = pool.call(case.case_id, serving_request(case, initial, steps), serving_limits(case, initial),
-                            lambda data, rank: read_served(data, rank, case), executor.case_timeout)
+                            lambda data, rank: read_served(data, rank, case), serving_timeout(executor.case_timeout, case))
     except RankFailure as failure:
         seconds = time.perf_counter() - started
         if failure.kind is None:

@@ -4,7 +4,8 @@
 collectives); the reference, which captures nothing, serves them eagerly and says so. Seeded faults on one
 rank, each invisible to the same batch called fresh: a rank whose metadata is not persistent (``stale state``,
 naming the rank), a rank writing one row past its rows (``stale state``), a rank clearing an activation
-row (``modified input``). The ranks draw nothing: a target whose process cannot draw serves as well.
+row (``modified input``); a rank that raises mid-sequence is ``broken``, naming it. The ranks draw nothing: a
+target whose process cannot draw serves as well.
 """
 
 from __future__ import annotations
@@ -113,3 +114,12 @@ def test_a_rank_that_clears_an_activation_row_fails_modified_input_naming_it(ser
     assert result.outcome is Outcome.FAIL and result.kinds == (FailureKind.MODIFIED_INPUT,), result.message
     assert "rank 1 modified its persistent input(s) ['x']" in result.message
     assert result.failing_ranks == (1,)
+
+
+@pytest.mark.integration
+def test_a_rank_that_raises_mid_sequence_is_broken_naming_it_and_the_next_case_runs(serve):
+    first, second = cases_of(tp_size=2, fully_sharded=False)[:2]  # add_lora_linear on every rank
+    result = serve("tp_fault_targets:Rank1RaisesInLinear", first)
+    assert result.outcome is Outcome.BROKEN and result.kinds == (FailureKind.RAISED,), result.message
+    assert result.failing_ranks == (1,) and "rank 1 of 2 raised" in result.message and result.traceback
+    assert serve("tp_fault_targets:Rank1RaisesInLinear", second).outcome is Outcome.BROKEN  # a new pool, the same fault
