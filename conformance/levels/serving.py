@@ -26,8 +26,9 @@ from conformance.serving.values import request_values
 from conformance.targets.facts import TargetFacts
 from conformance.tp.serving_case import TPServingCase, is_tp_serving_json
 from conformance.tp.serving_cases import tp_serving_cases
+from conformance.tp.serving_run import inputs_digest as tp_inputs_digest
 from conformance.tp.serving_run import serve_on_ranks, tp_serving_unsupported
-from conformance.tp.serving_values import named_tensors, request_tensors
+from conformance.tp.serving_values import request_tensors
 from conformance.verdict import FailureKind, Outcome
 from conformance.wire import Limits, WireError, from_data
 
@@ -101,7 +102,7 @@ class ServingKind(CaseKind):
 
     def inputs_digest(self, case: ServingCase | TPServingCase) -> str:
         if isinstance(case, TPServingCase):
-            return tensors_digest(named_tensors(*request_tensors(case)))
+            return tp_inputs_digest(*request_tensors(case))
         return values_digest(*request_values(case))
 
     def unsupported_reason(self, facts: TargetFacts, case: ServingCase | TPServingCase) -> str | None:
@@ -116,7 +117,7 @@ class ServingKind(CaseKind):
     def run(self, context: LevelContext, case_id: str, case: ServingCase | TPServingCase, values=None) -> CaseResult:
         if isinstance(case, TPServingCase):
             try:
-                return serve_on_ranks(context.tp_executor, case, self.inputs_digest(case))
+                return serve_on_ranks(context.tp_executor, case)
             except ValueError as exc:  # --devices cannot give every rank a device: the run's options, not the target
                 raise RunError(str(exc)) from None
         initial, steps = request_values(case) if values is None else values

@@ -67,16 +67,18 @@ class ServedRun:
     seconds: float = 0.0
 
 
-def padded_case(case: Case, rows: int) -> Case:
-    """``case`` with ``rows − tokens`` more sequences of one token and no adapter: the padded batch's shape."""
+def padded_case(case, rows: int):
+    """``case`` (an op case, or a tensor-parallel one) with ``rows − tokens`` more sequences of one token and no
+    adapter: the padded batch's shape (an MoE op case's padded tokens routed to expert 0)."""
     extra = rows - case.num_tokens
     if extra <= 0:
         return case
-    routing = case.topk_ids + ((0,) * case.top_k,) * extra if case.top_k else ()
-    return dataclasses.replace(case, seq_lens=case.seq_lens + (1,) * extra, seq_slots=case.seq_slots + (-1,) * extra, topk_ids=routing)
+    routing = {"topk_ids": case.topk_ids + ((0,) * case.top_k,) * extra if case.top_k else ()} if isinstance(case, Case) else {}
+    return dataclasses.replace(case, seq_lens=case.seq_lens + (1,) * extra, seq_slots=case.seq_slots + (-1,) * extra, **routing)
 
 
-def capacity_of(case: ServingCase) -> ServingCapacity:
+def capacity_of(case) -> ServingCapacity:
+    """What a server of ``case`` (a ``ServingCase`` or a ``TPServingCase``) is built for."""
     sizes = tuple(sorted({size for size, _ in case.graphs}))
     counts = tuple(sorted({count for _, count in case.graphs}))
     return ServingCapacity(case.max_tokens, case.max_tokens, case.layer.num_slots, case.layer.max_rank, sizes, counts)

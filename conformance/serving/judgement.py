@@ -34,7 +34,8 @@ from .values import ROW_VALUES, padded_rows
 Tensors = dict[str, torch.Tensor]
 
 
-def _equal_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+def equal_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one shape and dtype hold the same bits (NaN payloads and zero signs included)."""
     return same_bits({"t": a}, {"t": b})
 
 
@@ -80,12 +81,12 @@ def judge_step(case: ServingCase, index: int, values: Tensors, before: Tensors, 
             return StepJudgement(index, None, problems, kinds)
     output = spec.output
     rows = padded_rows(values, output, case.steps[index].num_tokens, given)
-    if not _equal_bits(after[output][rows:], before[output][rows:]):
+    if not equal_bits(after[output][rows:], before[output][rows:]):
         changed = (after[output][rows:] != before[output][rows:]).any(dim=tuple(range(1, after[output].dim()))).nonzero().flatten()
         problems.append(f"wrote row(s) {[int(r) + rows for r in changed[:6]]} of the persistent output, past the {rows} row(s) "
                         f"the step was given")
         kinds.append(FailureKind.STALE_STATE)
-    modified = [name for name in after if name != output and not _equal_bits(after[name], before[name])]
+    modified = [name for name in after if name != output and not equal_bits(after[name], before[name])]
     if modified:
         problems.append(f"modified the persistent input(s) {modified} (rows past the batch included)")
         kinds.append(FailureKind.MODIFIED_INPUT)

@@ -47,7 +47,7 @@ def local_slices(case: TPCase) -> tuple[int, ...]:
     return tuple(width // shards for width, shards in zip(case.output_slices, case.slice_shards))
 
 
-def _gathered_columns(case: TPCase, local: torch.Tensor, collectives, initial: torch.Tensor) -> torch.Tensor:
+def gathered_columns(case: TPCase, local: torch.Tensor, collectives, initial: torch.Tensor) -> torch.Tensor:
     """All-gather the ranks' packed column outputs (rank-major) and put each rank's slices in their place:
     ``[replica_groups, T, Σ N_s]``, one unsharded output per replica group (each rank's copy of a
     replicated head is judged, not just one of them)."""
@@ -64,7 +64,7 @@ def column_parallel(case: TPCase, t: LayerTensors, wrapper, collectives, rank: i
     ``add_lora_linear`` on the rank's columns; the outputs all-gathered."""
     own = rank_shard(case, t, rank)
     wrapper.add_lora_linear(own.y, own.x, own.lora_a, own.lora_b, case.scale, local_slices(case))
-    return _gathered_columns(case, own.y, collectives, t.y)
+    return gathered_columns(case, own.y, collectives, t.y)
 
 
 def column_parallel_fully_sharded(case: TPCase, t: LayerTensors, wrapper, collectives, rank: int) -> torch.Tensor:
@@ -77,7 +77,7 @@ def column_parallel_fully_sharded(case: TPCase, t: LayerTensors, wrapper, collec
     wrapper.add_shrink(buffer, own.x, own.lora_a, case.scale)
     buffer = collectives.all_gather(buffer, dim=-1)
     wrapper.add_expand(own.y, buffer, own.lora_b, local_slices(case), 0, True)
-    return _gathered_columns(case, own.y, collectives, t.y)
+    return gathered_columns(case, own.y, collectives, t.y)
 
 
 def row_parallel(case: TPCase, t: LayerTensors, wrapper, collectives, rank: int) -> torch.Tensor:

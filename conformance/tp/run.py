@@ -109,11 +109,15 @@ class TPExecutor:
         """The case's result; ``ValueError`` where its ranks cannot be placed (``--devices``, no device: the run's
         options or machine, not the target). Every result of a case whose ranks were placed records where, and
         where ranks share a device its message says so."""
-        reason = unsupported_reason(self.facts, case)
+        return self.placed(case, unsupported_reason(self.facts, case), self._run_on_ranks)
+
+    def placed(self, case, reason: str | None, run_on, result_type: type[TPResult] = TPResult) -> TPResult:
+        """``run_on(case, placement)``'s result on the ranks' placement, recorded in it (and said in its message where
+        ranks share a device); not supported for ``reason`` without placing a rank."""
         if reason:
-            return TPResult(case.case_id, case, Outcome.NOT_SUPPORTED, reason, features=case.features())
+            return result_type(case.case_id, case, Outcome.NOT_SUPPORTED, reason, features=case.features())
         placement = self.placement(case.tp_size)
-        result = self._run_on_ranks(case, placement)
+        result = run_on(case, placement)
         result.placement = placement.to_json()
         if placement.shared:
             result.message = f"{result.message} ({placement.label})" if result.message else placement.label

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance.referee import same_bits
-from conformance.serving.judgement import StepJudgement
+from conformance.serving.judgement import StepJudgement, equal_bits
 from conformance.verdict import FailureKind
 
 from .judgement import judge_output
@@ -40,30 +39,17 @@ class StepVerdict:
     failing_ranks: tuple[int, ...] = ()
 
 
-def _equal_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and same_bits({"t": a}, {"t": b})
-
-
 def expected_state(case: TPServingCase, rank: int, before: dict[str, torch.Tensor], step: LayerTensors, tokens: int) -> dict[str, torch.Tensor]:
     """Rank ``rank``'s buffers once the step's shard is written: ``before`` with the batch in the first ``tokens`` rows
     and the resident adapters' stacks."""
-    own = rank_shard(case.layer, step, rank)
+    written = rank_shard(case.layer, step, rank).named()
     state = {name: tensor.clone() for name, tensor in before.items()}
-    state["x"][:tokens], state["y"][:tokens] = own.x, own.y
-    state.update({f"lora_a.{s}": a for s, a in enumerate(own.lora_a)})
-    state.update({f"lora_b.{s}": b for s, b in enumerate(own.lora_b)})
-    return state
+    state["x"][:tokens], state["y"][:tokens] = written.pop("x"), written.pop("y")
+    return {**state, **written}
 
 
 def initial_states(case: TPServingCase, initial: LayerTensors) -> list[dict[str, torch.Tensor]]:
-    states = []
-    for rank in range(case.tp_size):
-        own = rank_shard(case.layer, initial, rank)
-        state = {"x": own.x, "y": own.y}
-        state.update({f"lora_a.{s}": a for s, a in enumerate(own.lora_a)})
-        state.update({f"lora_b.{s}": b for s, b in enumerate(own.lora_b)})
-        states.append(state)
-    return states
+    return [rank_shard(case.layer, initial, rank).named() for rank in range(case.tp_size)]
 
 
 def _rank_problems(before: dict, after: dict, given: int, rank: int) -> tuple[list[str], list[FailureKind]]:
@@ -72,12 +58,12 @@ def _rank_problems(before: dict, after: dict, given: int, rank: int) -> tuple[li
         described = {name: (tuple(t.shape), str(t.dtype)) for name, t in after.items()}
         return [f"rank {rank}'s persistent buffers came back as {described}"], [FailureKind.WRONG_OUTPUT_TYPE]
     problems, kinds = [], []
-    if not _equal_bits(after["y"][given:], before["y"][given:]):
+    if not equal_bits(after["y"][given:], before["y"][given:]):
         changed = (after["y"][given:] != before["y"][given:]).any(dim=1).nonzero().flatten()
         problems.append(f"rank {rank} wrote row(s) {[int(r) + given for r in changed[:6]]} of its persistent output, past the "
                         f"{given} row(s) its layer was given")
         kinds.append(FailureKind.STALE_STATE)
-    modified = [name for name in before if name != "y" and not _equal_bits(after[name], before[name])]
+    modified = [name for name in before if name != "y" and not equal_bits(after[name], before[name])]
     if modified:
         problems.append(f"rank {rank} modified its persistent input(s) {modified} (rows past the batch included)")
         kinds.append(FailureKind.MODIFIED_INPUT)

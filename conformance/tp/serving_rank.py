@@ -26,40 +26,26 @@ gathered outputs.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import torch
 
 from conformance.ops import case_mapping
+from conformance.serving.driver import capacity_of, padded_case
 from conformance.targets import load
-from conformance.targets.capture import ServingCapacity
 
 from .case import TPCase
-from .composition import buffer_dtype, local_slices, run_rank
+from .composition import buffer_dtype, gathered_columns, local_slices, run_rank
 from .layer_wire import RankServed, read_serving_request
 from .serving_case import TPServingCase
-from .values import LayerTensors, place_column_shards, rank_shard
+from .values import LayerTensors, rank_shard
 
 Piece = Callable[[], None]
 
 
-def padded_case(case: TPCase, rows: int) -> TPCase:
-    """``case`` with ``rows − tokens`` more sequences of one token and no adapter: a padded batch's mapping."""
-    extra = rows - case.num_tokens
-    if extra <= 0:
-        return case
-    return dataclasses.replace(case, seq_lens=case.seq_lens + (1,) * extra, seq_slots=case.seq_slots + (-1,) * extra)
-
-
-def capacity_of(case: TPServingCase) -> ServingCapacity:
-    return ServingCapacity(case.max_tokens, case.max_tokens, case.layer.num_slots, case.layer.max_rank,
-                           tuple(sorted({size for size, _ in case.graphs})), tuple(sorted({count for _, count in case.graphs})))
-
-
-def _leading(flat: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+def _leading(flat: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """The first elements of ``flat`` as a contiguous ``shape``: a buffer of a smaller batch at the same address."""
-    return flat[: torch.Size(shape).numel()].view(shape)
+    return flat[: shape.numel()].view(shape)
 
 
 class RankLayer:
@@ -71,13 +57,21 @@ class RankLayer:
         self.x, self.y = own.x.clone(), own.y.clone()
         self.lora_a = tuple(a.clone() for a in own.lora_a)
         self.lora_b = tuple(b.clone() for b in own.lora_b)
-        layer = self.layer
-        if layer.fully_sharded:  # vLLM makes these per forward pass; under graphs they live in the graphs' memory
-            slices = 1 if layer.layer == "row" else layer.num_slices
-            rank_width = layer.max_rank if layer.layer == "row" else layer.max_rank // layer.tp_size
+        if self.layer.fully_sharded:  # vLLM makes these per forward pass; under graphs they live in the graphs' memory
+            shrink, joined = self._shrink_shapes(case.max_tokens)
             dtype = buffer_dtype(self.x)
-            self.shrink = torch.zeros(slices * case.max_tokens * rank_width, dtype=dtype, device=device)
-            self.joined = torch.zeros(slices * case.max_tokens * layer.max_rank, dtype=dtype, device=device)
+            self.shrink = torch.zeros(shrink.numel(), dtype=dtype, device=device)
+            self.joined = torch.zeros(joined.numel(), dtype=dtype, device=device)
+
+    def _shrink_shapes(self, rows: int) -> tuple[torch.Size, torch.Size]:
+        """A fully sharded layer's shrink buffer and the buffer its collective fills, for ``rows`` rows: ``[1, rows, R]``
+        both for a row layer (partial shrinks summed); ``[S, rows, R / tp]`` and ``[S, rows, R]`` for a column layer
+        (the ranks' rows of the LoRA rank gathered)."""
+        layer = self.layer
+        if layer.layer == "row":
+            return torch.Size((1, rows, layer.max_rank)), torch.Size((1, rows, layer.max_rank))
+        return (torch.Size((layer.num_slices, rows, layer.max_rank // layer.tp_size)),
+                torch.Size((layer.num_slices, rows, layer.max_rank)))
 
     def write(self, step: LayerTensors, tokens: int) -> None:
         """The step's shard: the resident adapters into the stacks, the batch into the first ``tokens`` rows."""
@@ -95,9 +89,8 @@ class RankLayer:
             slices = layer.output_slices if layer.layer == "row" else local_slices(layer)
             return [("piece", lambda: wrapper.add_lora_linear(y, x, self.lora_a, self.lora_b, layer.scale, slices))]
         row = layer.layer == "row"
-        slices = 1 if row else layer.num_slices
-        shrink = _leading(self.shrink, (slices, rows, layer.max_rank if row else layer.max_rank // layer.tp_size))
-        joined = _leading(self.joined, (slices, rows, layer.max_rank))
+        shrink_shape, joined_shape = self._shrink_shapes(rows)
+        shrink, joined = _leading(self.shrink, shrink_shape), _leading(self.joined, joined_shape)
         # row: the partial shrinks summed, the rank's N / tp output columns at its offset; column: the rank's rows of the
         # LoRA rank gathered, its own output columns from 0
         widths, offset = ((layer.output_slices[0] // layer.tp_size,), self.rank * layer.output_slices[0] // layer.tp_size) if row \
@@ -121,17 +114,12 @@ class RankLayer:
         local = self.y[: step_case.num_tokens].clone()
         if self.layer.layer == "row":
             return collectives.all_reduce(local)[None]
-        gathered = collectives.all_gather(local, dim=-1)
-        width = local.size(-1)
-        shards = [gathered[:, r * width : (r + 1) * width] for r in range(step_case.tp_size)]
-        return torch.stack([place_column_shards(step_case, shards, step.y.to(local.device), replica)
-                            for replica in range(step_case.replica_groups)])
+        return gathered_columns(step_case, local, collectives, step.y.to(local.device))
 
     def state(self) -> dict[str, torch.Tensor]:
-        state = {"x": self.x.cpu().clone(), "y": self.y.cpu().clone()}
-        state.update({f"lora_a.{s}": a.cpu().clone() for s, a in enumerate(self.lora_a)})
-        state.update({f"lora_b.{s}": b.cpu().clone() for s, b in enumerate(self.lora_b)})
-        return state
+        """Every persistent buffer as it is now (CPU copies), named as ``LayerTensors.named`` names them."""
+        buffers = LayerTensors(self.x, self.lora_a, self.lora_b, self.y)
+        return {name: tensor.cpu().clone() for name, tensor in buffers.named().items()}
 
 
 def serve_rank(request: dict, target_name: str, shared, collectives, rank: int) -> RankServed:

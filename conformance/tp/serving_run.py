@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from conformance.digest import tensors_digest
 from conformance.serving.judgement import sequence_verdict
 from conformance.targets.facts import TargetFacts
 from conformance.verdict import Outcome
@@ -20,7 +21,8 @@ from .pool import RankFailure
 from .run import TPExecutor, TPResult, unsupported_reason
 from .serving_case import TPServingCase
 from .serving_judgement import judge_tp_steps
-from .serving_values import request_tensors
+from .serving_values import named_tensors, request_tensors
+from .values import LayerTensors
 
 LEVEL = "serving"
 
@@ -47,40 +49,37 @@ def serving_timeout(case_timeout: float | None, case: TPServingCase) -> float | 
     return None if case_timeout is None else case_timeout * max(1, len(case.steps) // 4)
 
 
-def serve_on_ranks(executor: TPExecutor, case: TPServingCase, digest: str | None = None) -> TPServingResult:
+def serve_on_ranks(executor: TPExecutor, case: TPServingCase) -> TPServingResult:
     """The judged result of ``case`` on ``executor``'s ranks; ``ValueError`` where its ranks cannot be placed."""
+    return executor.placed(case, tp_serving_unsupported(executor.facts, case), lambda _, placement: _served(executor, case, placement),
+                           TPServingResult)
+
+
+def inputs_digest(initial: LayerTensors, steps: list[LayerTensors]) -> str:
+    """The digest of a case's inputs: the buffers' first contents and every step's unsharded layer."""
+    return tensors_digest(named_tensors(initial, steps))
+
+
+def _served(executor: TPExecutor, case: TPServingCase, placement) -> TPServingResult:
     features = case.features()
-    reason = tp_serving_unsupported(executor.facts, case)
-    if reason:
-        return TPServingResult(case.case_id, case, Outcome.NOT_SUPPORTED, reason, features=features)
-    placement = executor.placement(case.tp_size)
     started = time.perf_counter()
     pool = executor.started_pool(case, placement, TPServingResult)
     if isinstance(pool, TPResult):
-        pool.placement = placement.to_json()
         return pool
-    initial, steps = request_tensors(case)
+    initial, steps = request_tensors(case)  # drawn here, the referee's process, once: handed to the ranks, then judged
+    digest = inputs_digest(initial, steps)
     try:
         answers = pool.call(case.case_id, serving_request(case, initial, steps), serving_limits(case, initial),
                             lambda data, rank: read_served(data, rank, case), serving_timeout(executor.case_timeout, case))
     except RankFailure as failure:
-        seconds = time.perf_counter() - started
         if failure.kind is None:
-            result = TPServingResult(case.case_id, case, Outcome.NOT_SUPPORTED, failure.message, features=features)
-        else:
-            result = TPServingResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features, seconds=seconds,
-                                     kinds=(failure.kind,), failing_ranks=failure.ranks, traceback=failure.traceback,
-                                     raised=failure.raised, inputs_digest=digest)
-        result.placement = placement.to_json()
-        return result
+            return TPServingResult(case.case_id, case, Outcome.NOT_SUPPORTED, failure.message, features=features)
+        return TPServingResult(case.case_id, case, Outcome.BROKEN, failure.message, features=features,
+                               seconds=time.perf_counter() - started, kinds=(failure.kind,), failing_ranks=failure.ranks,
+                               traceback=failure.traceback, raised=failure.raised, inputs_digest=digest)
     judged = judge_tp_steps(case, initial, steps, answers)
-    graphs = answers[0].graphs
-    outcome, message, measurement, first = sequence_verdict(case, judged, graphs)
+    outcome, message, measurement, first = sequence_verdict(case, judged, answers[0].graphs)
     served = first.served if first is not None else None
-    result = TPServingResult(case.case_id, case, outcome, message, measurement, features, time.perf_counter() - started,
-                             served.failing_slots if served else (), kinds=first.kinds if first is not None else (),
-                             failing_ranks=served.failing_ranks if served else (), inputs_digest=digest)
-    result.placement = placement.to_json()
-    if placement.shared:
-        result.message += f" ({placement.label})"
-    return result
+    return TPServingResult(case.case_id, case, outcome, message, measurement, features, time.perf_counter() - started,
+                           served.failing_slots if served else (), kinds=first.kinds if first is not None else (),
+                           failing_ranks=served.failing_ranks if served else (), inputs_digest=digest)

@@ -69,9 +69,7 @@ def request_tensors(case: TPServingCase) -> tuple[LayerTensors, list[LayerTensor
 
 def named_tensors(initial: LayerTensors, steps: list[LayerTensors]) -> dict[str, torch.Tensor]:
     """Every tensor of a request by a name of its own (what the case's inputs digest covers)."""
-    named: dict[str, torch.Tensor] = {}
-    for prefix, tensors in (("initial", initial), *((f"step{i}", t) for i, t in enumerate(steps))):
-        named[f"{prefix}.x"], named[f"{prefix}.y"] = tensors.x, tensors.y
-        named.update({f"{prefix}.lora_a.{s}": a for s, a in enumerate(tensors.lora_a)})
-        named.update({f"{prefix}.lora_b.{s}": b for s, b in enumerate(tensors.lora_b)})
+    named = initial.named("initial.")
+    for index, tensors in enumerate(steps):
+        named.update(tensors.named(f"step{index}."))
     return named

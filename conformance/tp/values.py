@@ -42,6 +42,13 @@ class LayerTensors:
     def on(self, device: torch.device) -> LayerTensors:
         return self.map(lambda tensor: tensor.to(device))
 
+    def named(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        """Every tensor by a name of its own: ``x``, ``y``, ``lora_a.<slice>``, ``lora_b.<slice>`` (after ``prefix``)."""
+        named = {f"{prefix}x": self.x, f"{prefix}y": self.y}
+        named.update({f"{prefix}lora_a.{s}": a for s, a in enumerate(self.lora_a)})
+        named.update({f"{prefix}lora_b.{s}": b for s, b in enumerate(self.lora_b)})
+        return named
+
 
 def layer_tensors(case: TPCase) -> LayerTensors:
     """The case's tensors in its dtype (drawn in float64 from its seed, then rounded once)."""

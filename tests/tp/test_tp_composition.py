@@ -151,7 +151,7 @@ def test_a_gather_that_concatenates_merged_slices_rank_by_rank_fails_naming_slic
     def concatenated(case, local, collectives, initial):
         return collectives.all_gather(local, dim=-1)[None]
 
-    monkeypatch.setattr(composition, "_gathered_columns", concatenated)
+    monkeypatch.setattr(composition, "gathered_columns", concatenated)
     verdict, message, slots, ranks, _, _ = judge_output(case, _composed_with(case, lambda inner: inner))
     assert not verdict.passed
     assert "slice 1, rank 0" in message and "slice 0, rank 1" in message  # the misplaced shards
